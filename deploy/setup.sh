@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Set up spokefs on a fresh Debian machine, as root: Debian's FUSE 3 and build tools, then a
+# virtualenv in .venv with the package (and, with --test, what the tests need).
+# Idempotent: a second run only checks. Usage: bash deploy/setup.sh [--test]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want_test=0
+[ "${1:-}" = "--test" ] && want_test=1
+
+debs=(fuse3 libfuse3-dev pkg-config gcc)
+python3 -c 'import venv, ensurepip' 2>/dev/null || debs+=(python3-venv python3-dev)
+[ "$want_test" = 1 ] && debs+=(fio)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+[ -x .venv/bin/python ] || python3 -m venv .venv
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+if [ "$want_test" = 1 ]; then
+  .venv/bin/pip install -q -e ".[test]"
+  # The DataLoader test needs PyTorch; 2.13.0 is the CPU build this machine kind keeps on disk.
+  .venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/pip install -q "torch==2.13.0"
+else
+  .venv/bin/pip install -q -e .
+fi
+echo "setup: ready ($(.venv/bin/python --version), $(fusermount3 --version 2>&1 | head -1))"

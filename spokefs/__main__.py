@@ -1,0 +1,3 @@
+from spokefs.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""Every knob of the spoke, with its unit and why its default is what it is."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+BLOCK_SIZE = 4096
+"""The unit of caching and hit accounting (one page: what the kernel asks for)."""
+
+CHUNK_BLOCKS = 16
+"""Blocks per LMDB value. LMDB stores any value over ~2 KiB in overflow pages, so one 4 KiB
+block per value costs two pages (2.01x space, ~270 MiB/s reads); a 64 KiB run costs 1.06x
+and reads at ~2.7 GiB/s (measured in DESIGN.md). A per-block presence map keeps a random
+4 KiB read from fetching the other 60 KiB."""
+
+CHUNK_SIZE = BLOCK_SIZE * CHUNK_BLOCKS
+
+
+@dataclass(frozen=True, slots=True)
+class SpokeConfig:
+    """Effective configuration of one mount; built only by ``cli.py``.
+
+    Attributes:
+        hub_url: base URL of hubd, ``http(s)://host:port``.
+        mountpoint: an existing, empty-or-not directory that is not already a mount.
+        cache_dir: holds the ``namespace`` and ``blocks`` LMDB environments.
+        cache_max_bytes: bound on cached block bytes (LMDB value sizes).
+        uid, gid: owner shown for every entry (the export's modes are kept).
+        metrics_port: Prometheus endpoint port; 0 disables it.
+        token: bearer token for the hub, or None.
+        hub_deadline_s: how long an uncached read keeps retrying before EIO.
+        hub_request_timeout_s: one HTTP request, connect to last byte.
+        mount_deadline_s: how long ``mount`` tries to get the snapshot before it gives up.
+        hub_max_connections: HTTP connections kept to the hub.
+        fuse_max_tasks: concurrent FUSE requests pyfuse3 may run.
+        attr_timeout_s: how long the kernel may cache entries and attributes; the export is
+            read-only and changes arrive as new generations, so it can be long.
+    """
+
+    hub_url: str
+    mountpoint: Path
+    cache_dir: Path
+    cache_max_bytes: int
+    uid: int = 0
+    gid: int = 0
+    metrics_port: int = 9108
+    metrics_addr: str = "0.0.0.0"
+    token: str | None = None
+    hub_deadline_s: float = 60.0
+    hub_request_timeout_s: float = 30.0
+    mount_deadline_s: float = 5.0
+    hub_max_connections: int = 16
+    fuse_max_tasks: int = 64
+    attr_timeout_s: float = 3600.0
+    daemon: bool = False
+    log_level: str = "INFO"

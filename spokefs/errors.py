@@ -1,0 +1,98 @@
+"""Domain exceptions of the spoke, their errno table, and the one boundary that turns them into
+FUSE replies.
+
+pyfuse3 turns only ``FUSEError`` into an errno reply; any other exception escaping a handler
+ends ``pyfuse3.main()`` and takes the mount down for every reader. So domain code raises the
+exceptions below and ``fuse_errors`` (used on every handler in ``fuse_ops``) converts them.
+``trio.Cancelled`` is a BaseException and passes through untouched.
+
+| exception        | errno   | when                                                       |
+| ---------------- | ------- | ---------------------------------------------------------- |
+| NotFound         | ENOENT  | a name or inode is not in the namespace                    |
+| NotADir          | ENOTDIR | a directory operation on a non-directory                   |
+| ReadOnly         | EROFS   | any write-like call, or open for writing                   |
+| StaleExport      | ESTALE  | the version an open handle reads is gone on the hub        |
+| HubUnavailable   | EIO     | the hub deadline passed (unreachable, 5xx, timeouts)       |
+| CorruptBlock     | EIO     | bytes from the hub failed their checksum twice             |
+| HubProtocolError | EIO     | the hub answered something the protocol does not allow     |
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import ClassVar, ParamSpec, TypeVar
+
+import pyfuse3
+
+from spokefs import metrics
+
+log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class SpokeError(Exception):
+    """Base of every expected failure; ``code`` is the errno a FUSE caller sees."""
+
+    code: ClassVar[int] = errno.EIO
+
+
+class NotFound(SpokeError):
+    code = errno.ENOENT
+
+
+class NotADir(SpokeError):
+    code = errno.ENOTDIR
+
+
+class ReadOnly(SpokeError):
+    code = errno.EROFS
+
+
+class StaleExport(SpokeError):
+    code = errno.ESTALE
+
+
+class HubUnavailable(SpokeError):
+    code = errno.EIO
+
+
+class HubProtocolError(SpokeError):
+    code = errno.EIO
+
+
+class HubUnauthorized(HubProtocolError):
+    """The hub refused our token (401)."""
+
+
+class CorruptBlock(SpokeError):
+    code = errno.EIO
+
+
+class UserError(Exception):
+    """A problem the person running the CLI can fix; printed as one line, exit code 1."""
+
+
+def fuse_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Turn domain errors into ``FUSEError``; turn bugs into a loud EIO that keeps the mount up."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await fn(*args, **kwargs)
+        except pyfuse3.FUSEError:
+            raise
+        except SpokeError as exc:
+            metrics.FUSE_ERRORS.labels(op=fn.__name__, errno=errno.errorcode[exc.code]).inc()
+            log.debug("%s failed: %s: %s", fn.__name__, type(exc).__name__, exc)
+            raise pyfuse3.FUSEError(exc.code) from exc
+        except Exception:  # a bug: keep the mount alive, but make it loud
+            log.exception("internal error in %s", fn.__name__)
+            metrics.INTERNAL_ERRORS.labels(op=fn.__name__).inc()
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return wrapper

@@ -1,0 +1,170 @@
+"""The pyfuse3 operations: thin handlers over the namespace and the reader.
+
+Each handler decodes, calls one domain method and encodes; ``@fuse_errors`` turns domain
+exceptions into errnos at this one boundary. Metadata calls never touch the network.
+Write-like calls answer EROFS (the mount is also ``ro``, so the kernel usually answers
+first). Permission checks are the kernel's (``default_permissions``) on the exported modes.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import stat
+
+import pyfuse3
+
+from spokefs.config import BLOCK_SIZE, SpokeConfig
+from spokefs.errors import NotADir, ReadOnly, fuse_errors
+from spokefs.namespace import Attr, Namespace
+from spokefs.reader import FileVersion, Reader
+
+log = logging.getLogger(__name__)
+
+_NAME_MAX = 255
+
+
+class SpokeOps(pyfuse3.Operations):
+    """Read-only FUSE view of the replicated namespace.
+
+    Attributes:
+        handles: open file handle -> the file version it reads (fixed at open).
+    """
+
+    supports_dot_lookup = False  # no NFS export, so the kernel never looks up ".."
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, namespace: Namespace, reader: Reader, cfg: SpokeConfig) -> None:
+        super().__init__()
+        self._ns = namespace
+        self._reader = reader
+        self._uid = cfg.uid
+        self._gid = cfg.gid
+        self._timeout = cfg.attr_timeout_s
+        self._fh = itertools.count(1)
+        self.handles: dict[int, FileVersion] = {}
+
+    def _entry(self, a: Attr) -> pyfuse3.EntryAttributes:
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = pyfuse3.InodeT(a.ino)
+        e.generation = 0
+        e.entry_timeout = self._timeout
+        e.attr_timeout = self._timeout
+        e.st_mode = pyfuse3.ModeT(a.mode)
+        e.st_nlink = a.nlink
+        e.st_uid = self._uid
+        e.st_gid = self._gid
+        e.st_rdev = 0
+        e.st_size = len(a.target) if stat.S_ISLNK(a.mode) else a.size
+        e.st_blksize = BLOCK_SIZE
+        e.st_blocks = (e.st_size + 511) // 512
+        e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = a.mtime_ns
+        return e
+
+    # -- metadata ---------------------------------------------------------------------
+
+    @fuse_errors
+    async def lookup(
+        self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        if len(name) > _NAME_MAX:
+            raise pyfuse3.FUSEError(errno.ENAMETOOLONG)
+        return self._entry(self._ns.lookup(parent_inode, name))
+
+    @fuse_errors
+    async def getattr(
+        self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext | None = None
+    ) -> pyfuse3.EntryAttributes:
+        return self._entry(self._ns.getattr(inode))
+
+    @fuse_errors
+    async def readlink(self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext) -> bytes:
+        a = self._ns.getattr(inode)
+        if not stat.S_ISLNK(a.mode):
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return a.target
+
+    @fuse_errors
+    async def opendir(
+        self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.FileHandleT:
+        if not stat.S_ISDIR(self._ns.getattr(inode).mode):
+            raise NotADir(f"inode {inode}")
+        return pyfuse3.FileHandleT(inode)
+
+    @fuse_errors
+    async def readdir(
+        self, fh: pyfuse3.FileHandleT, start_id: int, token: pyfuse3.ReaddirToken
+    ) -> None:
+        # one synchronous stretch: the namespace generator holds a read transaction
+        for next_id, name, attr in self._ns.readdir(fh, start_id):
+            if not pyfuse3.readdir_reply(token, name, self._entry(attr), next_id):
+                break
+
+    async def releasedir(self, fh: pyfuse3.FileHandleT) -> None:
+        return None
+
+    @fuse_errors
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        info = self._ns.info
+        s = pyfuse3.StatvfsData()
+        s.f_bsize = s.f_frsize = BLOCK_SIZE
+        s.f_blocks = -(-(info.total_bytes if info else 0) // BLOCK_SIZE)
+        s.f_bfree = s.f_bavail = 0
+        s.f_files = info.entries if info else 0
+        s.f_ffree = s.f_favail = 0
+        s.f_namemax = _NAME_MAX
+        return s
+
+    @fuse_errors
+    async def getxattr(
+        self, inode: pyfuse3.InodeT, name: pyfuse3.XAttrNameT, ctx: pyfuse3.RequestContext
+    ) -> bytes:
+        self._ns.getattr(inode)  # ENOENT for a vanished inode, else no such attribute
+        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+
+    @fuse_errors
+    async def listxattr(
+        self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
+    ) -> list[pyfuse3.XAttrNameT]:
+        self._ns.getattr(inode)
+        return []
+
+    # -- data -------------------------------------------------------------------------
+
+    @fuse_errors
+    async def open(
+        self, inode: pyfuse3.InodeT, flags: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.FileInfo:
+        if flags & os.O_ACCMODE != os.O_RDONLY or flags & (os.O_TRUNC | os.O_APPEND):
+            raise ReadOnly("open for writing")
+        a = self._ns.getattr(inode)
+        if stat.S_ISDIR(a.mode):
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        fh = next(self._fh)
+        self.handles[fh] = FileVersion(a.file_id, a.version, a.size)
+        # keep_cache: a (file_id, version) never changes its bytes, so the kernel's page
+        # cache stays valid across opens until the version changes.
+        return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(fh), keep_cache=True)
+
+    @fuse_errors
+    async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
+        return await self._reader.read(self.handles[fh], off, size)
+
+    async def release(self, fh: pyfuse3.FileHandleT) -> None:
+        self.handles.pop(fh, None)
+
+    async def flush(self, fh: pyfuse3.FileHandleT) -> None:
+        return None
+
+    # -- everything that writes -------------------------------------------------------
+
+    @fuse_errors
+    async def _read_only(self, *args: object, **kwargs: object) -> None:
+        raise ReadOnly("read-only file system")
+
+    setattr = mknod = mkdir = unlink = rmdir = symlink = _read_only  # type: ignore[assignment]
+    rename = link = create = write = setxattr = removexattr = _read_only  # type: ignore[assignment]

@@ -1,0 +1,209 @@
+"""Trio-native HTTP client for hubd: the snapshot and range reads of blobs.
+
+Runs on httpx (through anyio's trio backend) with one pooled ``AsyncClient``: keep-alive
+connections, at most ``hub_max_connections`` of them. Every call has a deadline; transient
+failures (connection errors, timeouts, 5xx, 429, a body that fails its checksum) are retried
+with capped exponential backoff and full jitter until that deadline, then raised as
+``HubUnavailable``. Answers that retrying cannot fix map straight to domain errors:
+404/412 -> ``StaleExport``, 401 -> ``HubUnauthorized``, other 4xx -> ``HubProtocolError``.
+
+Every blob body is checked against the hub's ``X-Spokefs-XXH3`` before it is returned, so
+bytes damaged on the way are never cached.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import TypeVar
+
+import httpx
+import trio
+import xxhash
+
+from hubd import wire
+from spokefs import metrics
+from spokefs.errors import (
+    CorruptBlock,
+    HubProtocolError,
+    HubUnauthorized,
+    HubUnavailable,
+    StaleExport,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_BACKOFF_FIRST_S = 0.1
+_BACKOFF_MAX_S = 5.0  # a hub back from an outage is noticed within this long
+_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class _Retry(Exception):
+    """A transient failure inside one attempt; ``reason`` labels the error metric."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
+class HubClient:
+    """One pooled HTTP client for one hub.
+
+    Attributes:
+        base_url: the hub URL without a trailing slash.
+        reachable: False after a request failed for a transient reason, True after one
+            succeeded; transitions are logged once, not every failure.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None,
+        max_connections: int,
+        request_timeout_s: float,
+        deadline_s: float,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._deadline_s = deadline_s
+        headers = {"User-Agent": "spokefs/0.1"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(request_timeout_s, connect=min(request_timeout_s, 10.0)),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+            trust_env=False,  # never route hub traffic through an HTTP_PROXY from the environment
+            follow_redirects=False,
+        )
+        self.reachable = True
+
+    async def __aenter__(self) -> HubClient:
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await self._http.aclose()
+
+    async def fetch_snapshot(self, *, deadline_s: float | None = None) -> bytes:
+        """The compressed snapshot, whole (a 1M-entry namespace is tens of MB at most)."""
+
+        async def attempt() -> bytes:
+            async with self._http.stream("GET", wire.SNAPSHOT_PATH) as resp:
+                self._check_status(resp, "snapshot")
+                ctype = resp.headers.get("content-type", "")
+                if not ctype.startswith(wire.SNAPSHOT_MEDIA_TYPE):
+                    raise HubProtocolError(f"snapshot has content type {ctype!r}")
+                parts = [chunk async for chunk in resp.aiter_raw()]
+            body = b"".join(parts)
+            metrics.LINK_BYTES.inc(len(body))
+            return body
+
+        # The deadline bounds the attempts, not the transfer: a large namespace over a slow
+        # link takes as long as it takes, and httpx's read timeout catches a stalled one.
+        return await self._with_retries("snapshot", attempt, deadline_s, bound_attempt=False)
+
+    async def fetch_range(self, file_id: int, version: int, start: int, length: int) -> bytes:
+        """Exactly ``length`` bytes of one version of a file, starting at ``start``.
+
+        The caller clips the range to the file size. Raises StaleExport when the hub no
+        longer has that version, HubUnavailable after the deadline, CorruptBlock when the
+        body fails its checksum on every attempt.
+        """
+        path = wire.blob_path(file_id, version)
+        headers = {"Range": f"bytes={start}-{start + length - 1}"}
+
+        async def attempt() -> bytes:
+            resp = await self._http.get(path, headers=headers)
+            self._check_status(resp, "blob")
+            body = resp.content
+            metrics.LINK_BYTES.inc(len(body))
+            if resp.status_code != 206 or len(body) != length:
+                raise HubProtocolError(
+                    f"asked {length} bytes at {start}, got {resp.status_code} with {len(body)}"
+                )
+            want = resp.headers.get(wire.HEADER_CHECKSUM)
+            if want is None:
+                raise HubProtocolError("blob answer without a checksum header")
+            if xxhash.xxh3_64_hexdigest(body) != want:
+                raise _Retry("checksum", f"body of {path} failed its checksum")
+            return body
+
+        try:
+            return await self._with_retries("blob", attempt, None, bound_attempt=True)
+        except HubUnavailable as exc:
+            if isinstance(exc.__cause__, _Retry) and exc.__cause__.reason == "checksum":
+                raise CorruptBlock(str(exc)) from exc
+            raise
+
+    def _check_status(self, resp: httpx.Response, kind: str) -> None:
+        status = resp.status_code
+        metrics.HUB_REQUESTS.labels(kind=kind, status=str(status)).inc()
+        if status in (200, 206):
+            return
+        reason = resp.headers.get(wire.HEADER_ERROR, "") or str(status)
+        if status in _RETRY_STATUSES:
+            raise _Retry(f"http_{status}", f"hub answered {status} {reason}")
+        if status in (404, 412):
+            raise StaleExport(f"hub answered {status} {reason}")
+        if status == 401:
+            raise HubUnauthorized("hub refused the token (401): check --token-file")
+        raise HubProtocolError(f"hub answered {status} {reason}")
+
+    async def _with_retries(
+        self,
+        kind: str,
+        attempt: Callable[[], Awaitable[T]],
+        deadline_s: float | None,
+        *,
+        bound_attempt: bool,
+    ) -> T:
+        deadline = time.monotonic() + (self._deadline_s if deadline_s is None else deadline_s)
+        delay = _BACKOFF_FIRST_S
+        while True:
+            started = time.monotonic()
+            # no attempt may run past the deadline: a hung hub must not hang the reader
+            limit = max(deadline - started, 0.001) if bound_attempt else float("inf")
+            try:
+                with trio.fail_after(limit):
+                    result = await attempt()
+            except trio.TooSlowError:
+                failure = _Retry("timeout", f"no answer within {limit:.1f}s")
+            except (httpx.TransportError, _Retry) as exc:
+                failure = exc if isinstance(exc, _Retry) else _Retry(type(exc).__name__, str(exc))
+            else:
+                metrics.HUB_SECONDS.labels(kind=kind).observe(time.monotonic() - started)
+                self._mark_reachable(True, "")
+                return result
+            metrics.HUB_ERRORS.labels(reason=failure.reason).inc()
+            self._mark_reachable(False, f"{failure.reason}: {failure}")
+            # full jitter: spread the retries of many readers over the whole interval
+            pause = random.uniform(0, delay)
+            if time.monotonic() + pause >= deadline:
+                raise HubUnavailable(
+                    f"hub {self.base_url} unavailable ({failure.reason}: {failure})"
+                ) from failure
+            metrics.HUB_RETRIES.inc()
+            await trio.sleep(pause)
+            delay = min(delay * 2, _BACKOFF_MAX_S)
+
+    def _mark_reachable(self, ok: bool, why: str) -> None:
+        if ok != self.reachable:
+            self.reachable = ok
+            if ok:
+                log.warning("hub %s reachable again", self.base_url)
+            else:
+                log.warning("hub %s unreachable: %s", self.base_url, why)

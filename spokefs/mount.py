@@ -1,0 +1,141 @@
+"""Mount lifecycle: check the mountpoint, replicate the namespace, wire the components, run
+pyfuse3, and tear down in reverse order.
+
+Order matters for "no stale mount": everything that can fail for a user-fixable reason (bad
+mountpoint, unreachable hub, bad snapshot, no /dev/fuse) fails before ``pyfuse3.init``
+mounts anything. After the mount, SIGINT/SIGTERM end the loop and the filesystem is
+unmounted; ``fusermount3 -u`` (``spokefs umount``) ends the loop from outside.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import stat
+import time
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+
+import pyfuse3
+import trio
+from prometheus_client import start_http_server
+
+from hubd import wire
+from spokefs import metrics
+from spokefs.block_cache import BlockCache
+from spokefs.config import SpokeConfig
+from spokefs.errors import HubProtocolError, HubUnavailable, UserError
+from spokefs.fuse_ops import SpokeOps
+from spokefs.hub_client import HubClient
+from spokefs.namespace import Namespace, NamespaceInfo
+from spokefs.reader import Reader
+
+log = logging.getLogger(__name__)
+
+
+def check_mountpoint(cfg: SpokeConfig) -> None:
+    """Raise UserError unless the mountpoint is an existing directory we can mount on."""
+    mnt = cfg.mountpoint
+    try:
+        st = os.stat(mnt)
+    except FileNotFoundError:
+        raise UserError(f"mountpoint {mnt} does not exist") from None
+    except OSError as exc:
+        if exc.errno == errno.ENOTCONN:
+            raise UserError(
+                f"mountpoint {mnt} holds a dead mount; run `spokefs umount {mnt}` first"
+            ) from None
+        raise UserError(f"mountpoint {mnt}: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise UserError(f"mountpoint {mnt} is not a directory")
+    if os.path.ismount(mnt):
+        raise UserError(f"mountpoint {mnt} is busy: something is already mounted there")
+    if not os.path.exists("/dev/fuse"):
+        raise UserError("/dev/fuse is missing: load the fuse kernel module (modprobe fuse)")
+
+
+async def replicate_namespace(hub: HubClient, ns: Namespace, cfg: SpokeConfig) -> NamespaceInfo:
+    """Fetch the hub's snapshot and load it into the local namespace."""
+    started = time.monotonic()
+    try:
+        compressed = await hub.fetch_snapshot(deadline_s=cfg.mount_deadline_s)
+    except HubUnavailable as exc:
+        raise UserError(f"cannot reach the hub at {cfg.hub_url}: {exc.__cause__}") from None
+    except HubProtocolError as exc:
+        raise UserError(f"the hub at {cfg.hub_url} refused the snapshot: {exc}") from None
+    try:
+        info = await trio.to_thread.run_sync(ns.load_snapshot, compressed)
+    except wire.WireError as exc:
+        raise UserError(f"the hub at {cfg.hub_url} sent a bad snapshot: {exc}") from None
+    metrics.NAMESPACE_ENTRIES.set(info.entries)
+    metrics.NAMESPACE_GENERATION.set(info.generation)
+    log.info(
+        "snapshot loaded: entries=%d generation=%d bytes=%d compressed=%d seconds=%.2f",
+        info.entries, info.generation, info.total_bytes, len(compressed),
+        time.monotonic() - started,
+    )
+    return info
+
+
+def _fuse_options(cfg: SpokeConfig) -> set[str]:
+    options = set(pyfuse3.default_options)  # default_permissions: the kernel checks modes
+    options |= {"ro", "allow_other", "fsname=spokefs", "subtype=spokefs"}
+    return options
+
+
+async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None]) -> None:
+    """Mount and serve until unmounted or signalled; ``on_ready`` runs once mounted."""
+    check_mountpoint(cfg)
+    async with AsyncExitStack() as stack:
+        hub = await stack.enter_async_context(
+            HubClient(
+                cfg.hub_url, token=cfg.token, max_connections=cfg.hub_max_connections,
+                request_timeout_s=cfg.hub_request_timeout_s, deadline_s=cfg.hub_deadline_s,
+            )
+        )
+        ns = Namespace(cfg.cache_dir / "namespace")
+        stack.callback(ns.close)
+        info = await replicate_namespace(hub, ns, cfg)
+        cache = BlockCache(cfg.cache_dir / "blocks", cfg.cache_max_bytes)
+        stack.callback(cache.close)
+        ops = SpokeOps(ns, Reader(cache, hub), cfg)
+        _start_metrics(cfg)
+        try:
+            pyfuse3.init(ops, str(cfg.mountpoint), _fuse_options(cfg))
+        except RuntimeError as exc:
+            raise UserError(f"cannot mount on {cfg.mountpoint}: {exc}") from None
+        log.info("mounted %s at %s", cfg.hub_url, cfg.mountpoint)
+        clean = False
+        try:
+            on_ready(info)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_terminate_on_signal)
+                await pyfuse3.main(min_tasks=2, max_tasks=cfg.fuse_max_tasks)
+                nursery.cancel_scope.cancel()
+            clean = True
+        finally:
+            # unmount whether the loop ended cleanly or not: never leave a dead mount
+            pyfuse3.close(unmount=True)
+            log.info("unmounted %s (%s)", cfg.mountpoint, "clean" if clean else "after an error")
+
+
+async def _terminate_on_signal() -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("received %s: unmounting", signal.Signals(signum).name)
+            pyfuse3.terminate()
+            return
+
+
+def _start_metrics(cfg: SpokeConfig) -> None:
+    """Serve /metrics (prometheus_client's thread only reads metric values)."""
+    if not cfg.metrics_port:
+        return
+    try:
+        start_http_server(cfg.metrics_port, addr=cfg.metrics_addr)
+    except OSError as exc:  # the mount matters more than its metrics
+        log.warning("metrics port %d unavailable (%s): metrics off", cfg.metrics_port, exc)
+        return
+    log.info("metrics at http://%s:%d/metrics", cfg.metrics_addr, cfg.metrics_port)

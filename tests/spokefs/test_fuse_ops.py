@@ -1,0 +1,85 @@
+"""SpokeOps called directly, without the kernel: errnos and attributes."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+import pyfuse3
+import pytest
+from spoke_fakes import FakeHub
+
+from hubd import wire
+from hubd.wire import Entry
+from spokefs.block_cache import BlockCache
+from spokefs.config import SpokeConfig
+from spokefs.fuse_ops import SpokeOps
+from spokefs.namespace import ROOT_INODE, Namespace
+from spokefs.reader import Reader
+
+ROOT = 0x100
+DATA = os.urandom(10_000)
+
+
+class Ctx:
+    uid = gid = pid = 0
+    umask = 0o022
+
+
+@pytest.fixture
+def ops(tmp_path: Path):
+    ns = Namespace(tmp_path / "ns")
+    ns.load_snapshot(wire.encode_snapshot(3, ROOT, [
+        Entry(ROOT, 0, stat.S_IFDIR | 0o755, 0, 10, 2, 0, b""),
+        Entry(0x200, ROOT, stat.S_IFREG | 0o640, len(DATA), 123456789, 1, 9, b"f"),
+        Entry(0x300, ROOT, stat.S_IFLNK | 0o777, 0, 10, 1, 0, b"l", b"f"),
+    ]))
+    cache = BlockCache(tmp_path / "blocks", 16 << 20)
+    reader = Reader(cache, FakeHub({(0x200, 9): DATA}))  # type: ignore[arg-type]
+    cfg = SpokeConfig("http://hub", tmp_path, tmp_path, 16 << 20, uid=7, gid=8)
+    yield SpokeOps(ns, reader, cfg)
+    cache.close()
+    ns.close()
+
+
+async def test_attributes(ops):
+    a = await ops.lookup(ROOT_INODE, b"f", Ctx())
+    assert (a.st_ino, a.st_size, a.st_mtime_ns, a.st_uid, a.st_gid) == (0x200, 10_000, 123456789, 7, 8)
+    assert a.st_mode == stat.S_IFREG | 0o640
+    link = await ops.lookup(ROOT_INODE, b"l", Ctx())
+    assert link.st_size == 1 and await ops.readlink(link.st_ino, Ctx()) == b"f"
+    root = await ops.getattr(ROOT_INODE, Ctx())
+    assert stat.S_ISDIR(root.st_mode) and root.st_nlink == 2
+
+
+async def test_read_through_handle(ops):
+    fi = await ops.open(0x200, os.O_RDONLY, Ctx())
+    assert await ops.read(fi.fh, 4090, 20) == DATA[4090:4110]
+    assert await ops.read(fi.fh, 9_990, 4096) == DATA[9_990:]
+    await ops.release(fi.fh)
+
+
+@pytest.mark.parametrize(
+    ("call", "code"),
+    [
+        (lambda o: o.lookup(ROOT_INODE, b"missing", Ctx()), errno.ENOENT),
+        (lambda o: o.lookup(ROOT_INODE, b"x" * 256, Ctx()), errno.ENAMETOOLONG),
+        (lambda o: o.open(0x200, os.O_WRONLY, Ctx()), errno.EROFS),
+        (lambda o: o.open(0x200, os.O_RDWR, Ctx()), errno.EROFS),
+        (lambda o: o.open(0x200, os.O_RDONLY | os.O_TRUNC, Ctx()), errno.EROFS),
+        (lambda o: o.open(ROOT_INODE, os.O_RDONLY, Ctx()), errno.EISDIR),
+        (lambda o: o.opendir(0x200, Ctx()), errno.ENOTDIR),
+        (lambda o: o.readlink(0x200, Ctx()), errno.EINVAL),
+        (lambda o: o.mkdir(ROOT_INODE, b"d", 0o755, Ctx()), errno.EROFS),
+        (lambda o: o.unlink(ROOT_INODE, b"f", Ctx()), errno.EROFS),
+        (lambda o: o.create(ROOT_INODE, b"n", 0o644, os.O_WRONLY, Ctx()), errno.EROFS),
+        (lambda o: o.getxattr(0x200, b"user.x", Ctx()), pyfuse3.ENOATTR),
+        (lambda o: o.getattr(0x999, Ctx()), errno.ENOENT),
+    ],
+)
+async def test_errnos(ops, call, code):
+    with pytest.raises(pyfuse3.FUSEError) as info:
+        await call(ops)
+    assert info.value.errno == code
