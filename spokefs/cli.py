@@ -40,13 +40,16 @@ def parse_size(text: str) -> int:
 
 
 def _hub_url(text: str) -> str:
+    """Validate the hub URL (a mount error, exit 1, like an unreachable hub)."""
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise argparse.ArgumentTypeError(f"bad hub URL {text!r}: want http(s)://HOST:PORT")
+        raise UserError(f"bad hub URL {text!r}: want http(s)://HOST:PORT")
     try:
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError:
-        raise argparse.ArgumentTypeError(f"bad port in hub URL {text!r}") from None
+        raise UserError(f"bad port in hub URL {text!r}") from None
+    if parts.query or parts.fragment:
+        raise UserError(f"bad hub URL {text!r}: no query or fragment allowed")
     return text.rstrip("/")
 
 
@@ -54,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="spokefs", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("mount", help="mount a hub's export (foreground unless --daemon)")
-    m.add_argument("hub_url", type=_hub_url, help="hubd base URL, e.g. http://hub:8600")
+    m.add_argument("hub_url", help="hubd base URL, e.g. http://hub:8600")
     m.add_argument("mountpoint", type=Path)
     m.add_argument("--cache-dir", type=Path, required=True, help="local dir for namespace + blocks")
     m.add_argument("--cache-size", type=parse_size, required=True, help="e.g. 500G")
@@ -94,7 +97,7 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
         if getattr(args, name) <= 0:
             raise UserError(f"--{name.replace('_', '-')} must be positive")
     return SpokeConfig(
-        hub_url=args.hub_url, mountpoint=args.mountpoint.absolute(),
+        hub_url=_hub_url(args.hub_url), mountpoint=args.mountpoint.absolute(),
         cache_dir=args.cache_dir.absolute(), cache_max_bytes=args.cache_size,
         uid=args.uid, gid=args.gid, metrics_port=args.metrics_port,
         metrics_addr=args.metrics_addr, token=token, hub_deadline_s=args.hub_deadline,

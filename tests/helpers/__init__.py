@@ -1,0 +1,1 @@
+"""Helpers for the integration tests: a source-tree generator and hubd/spokefs process wrappers."""
