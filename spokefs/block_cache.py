@@ -103,7 +103,7 @@ class BlockCache:
         # older readers end; the map is address space, the file grows only as used.
         self._env = lmdb.open(
             str(path), map_size=max_bytes * 2 + (256 << 20), max_dbs=3,
-            sync=False, metasync=False, readahead=False,
+            sync=False, metasync=False,
         )
         self._chunks = self._env.open_db(b"chunks")
         self._fifo = self._env.open_db(b"fifo")

@@ -23,6 +23,7 @@ import trio
 
 from spokefs.config import SpokeConfig
 from spokefs.errors import UserError
+from spokefs.mounttab import find_mount
 from spokefs.namespace import NamespaceInfo
 
 log = logging.getLogger("spokefs")
@@ -162,24 +163,11 @@ def _daemonize() -> int | None:
     os._exit(code if code > 0 else 1)
 
 
-def _in_mount_table(path: Path) -> bool:
-    """True if ``path`` is a mount point, even a dead one (where stat fails with ENOTCONN)."""
-    target = os.path.abspath(path)
-    with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as f:
-        for line in f:
-            where = line.split(" ")[1]
-            # /proc/mounts escapes space, tab, newline and backslash as octal
-            where = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), where)
-            if where == target:
-                return True
-    return False
-
-
 def _umount(mountpoint: Path, lazy: bool) -> int:
     tool = shutil.which("fusermount3") or shutil.which("fusermount")
     if tool is None:
         raise UserError("fusermount3 not found: install Debian's fuse3")
-    if not _in_mount_table(mountpoint):
+    if find_mount(mountpoint) is None:
         raise UserError(f"{mountpoint} is not mounted")
     cmd = [tool, "-u", *(["-z"] if lazy else []), str(mountpoint)]
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -34,6 +34,7 @@ class SpokeConfig:
         mount_deadline_s: how long ``mount`` tries to get the snapshot before it gives up.
         hub_max_connections: HTTP connections kept to the hub.
         fuse_max_tasks: concurrent FUSE requests pyfuse3 may run.
+        kernel_readahead_kib: the mount's kernel read-ahead (see mount.set_kernel_readahead).
         attr_timeout_s: how long the kernel may cache entries and attributes; the export is
             read-only and changes arrive as new generations, so it can be long.
     """
@@ -53,5 +54,6 @@ class SpokeConfig:
     hub_max_connections: int = 16
     fuse_max_tasks: int = 64
     attr_timeout_s: float = 3600.0
+    kernel_readahead_kib: int = 1024
     daemon: bool = False
     log_level: str = "INFO"

