@@ -9,6 +9,7 @@ Routes (every route but /healthz and /metrics needs the bearer token when one is
 | GET /v1/snapshot                     | 200, the namespace (format below), ``SNAPSHOT_MEDIA_TYPE`` |
 | GET /v1/blob/{file_id}/{version}     | 206 + Content-Range (with ``Range``) or 200 (without);     |
 |                                      | 404 unknown file, 412 version not current, 416 bad range   |
+| POST /v1/pack                        | 200, whole small files in one answer (format below)        |
 | GET /healthz                         | 200 ``ok``                                                 |
 
 ``file_id`` and ``version`` are unsigned 64-bit numbers written as 16 lowercase hex digits.
@@ -28,6 +29,14 @@ Snapshot format: one zlib stream (RFC 1950) whose plain bytes are
   and an empty name; every other entry's parent is a directory that came before it, so the
   tree has no cycles. A file with several hard links appears once per link, with one id.
 - TRAILER ``<4sQ``: magic ``SPKE``, entry count again (detects a truncated stream).
+
+Pack (many small files in one round trip; a shuffled pass over small files would otherwise
+cost one RTT per file): the request body is ``<QQ`` (file id, version) per file, at most
+``MAX_PACK_FILES`` of them, ``Content-Type: application/octet-stream``. The answer is, per
+requested file in request order, ``PACK_RECORD`` (file id, version, length, xxh3_64 of the
+bytes) then ``length`` bytes; length ``PACK_GONE`` (-1) means that version is no longer
+current (or the id is unknown) and no bytes follow. The files' sizes must add up to at most
+``MAX_RANGE_BYTES``, else 413 ``pack-too-large``; a malformed body is 400 ``bad-pack``.
 """
 
 from __future__ import annotations
@@ -52,6 +61,12 @@ HEADER_GENERATION = "X-Spokefs-Generation"
 # A spoke asks for at most this many bytes in one range; hubd answers 416 above it, which
 # bounds hubd's memory to max_concurrent_reads x MAX_RANGE_BYTES.
 MAX_RANGE_BYTES = 16 * 1024 * 1024
+
+PACK_PATH = "/v1/pack"
+MAX_PACK_FILES = 4096
+PACK_GONE = -1
+PACK_ITEM = struct.Struct("<QQ")
+PACK_RECORD = struct.Struct("<QQqQ")
 
 MIN_FILE_ID = 2  # FUSE reserves inode 1 for the root, 0 is invalid
 U64_MAX = 2**64 - 1
@@ -147,6 +162,52 @@ def encode_snapshot(generation: int, root_id: int, entries: list[Entry], level: 
     parts.append(comp.compress(encode_trailer(len(entries))))
     parts.append(comp.flush())
     return b"".join(parts)
+
+
+def encode_pack_record(file_id: int, version: int, data: bytes | None, digest: int) -> bytes:
+    if data is None:
+        return PACK_RECORD.pack(file_id, version, PACK_GONE, 0)
+    return PACK_RECORD.pack(file_id, version, len(data), digest) + data
+
+
+def encode_pack_request(items: list[tuple[int, int]]) -> bytes:
+    return b"".join(PACK_ITEM.pack(fid, ver) for fid, ver in items)
+
+
+def decode_pack_request(body: bytes) -> list[tuple[int, int]]:
+    """The (file id, version) pairs of a pack request; raises WireError if malformed."""
+    if not body or len(body) % PACK_ITEM.size or len(body) // PACK_ITEM.size > MAX_PACK_FILES:
+        raise WireError(f"a pack body is 1 to {MAX_PACK_FILES} records of {PACK_ITEM.size} bytes")
+    return [PACK_ITEM.unpack_from(body, off) for off in range(0, len(body), PACK_ITEM.size)]
+
+
+def decode_pack(
+    body: bytes, items: list[tuple[int, int]]
+) -> dict[tuple[int, int], tuple[bytes, int] | None]:
+    """Split a pack answer into ``(file id, version) -> (bytes, xxh3_64)``; None: gone.
+
+    Checksums are not verified here (wire.py is stdlib-only; the caller does, with xxhash);
+    the structure is: every asked item once, in order, nothing extra.
+    """
+    out: dict[tuple[int, int], tuple[bytes, int] | None] = {}
+    pos = 0
+    for fid, ver in items:
+        if len(body) - pos < PACK_RECORD.size:
+            raise WireError("pack answer cut short")
+        rfid, rver, length, digest = PACK_RECORD.unpack_from(body, pos)
+        pos += PACK_RECORD.size
+        if (rfid, rver) != (fid, ver):
+            raise WireError("pack answer out of order")
+        if length == PACK_GONE:
+            out[(fid, ver)] = None
+            continue
+        if length < 0 or pos + length > len(body):
+            raise WireError("pack answer cut short")
+        out[(fid, ver)] = (body[pos : pos + length], digest)
+        pos += length
+    if pos != len(body):
+        raise WireError("data after the pack answer")
+    return out
 
 
 # -- decoding (spokefs) ------------------------------------------------------------------

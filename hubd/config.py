@@ -1,0 +1,46 @@
+"""hubd's configuration: one frozen dataclass, built by ``cli.py`` from argv.
+
+Every knob carries its unit in its name, a default, and the reason for that default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hubd import wire
+
+KIB = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class HubConfig:
+    """Effective settings of one hubd process.
+
+    Attributes:
+        root: the exported directory, as given on the command line.
+        host, port: where to listen; port 0 picks a free port.
+        token: the bearer token (never logged: ``repr=False``), or None for no auth.
+        log_level: a ``logging`` level name.
+        max_concurrent_reads: range reads in flight at once; hubd's read memory stays under
+            ``max_concurrent_reads * wire.MAX_RANGE_BYTES`` (16 x 16 MiB = 256 MiB by default).
+        read_wait_s: how long a request may wait for a read slot before a 503 ``overloaded``.
+        snapshot_chunk_bytes: size of each write when streaming the snapshot (256 KiB keeps
+            the per-write overhead negligible without large transport buffers).
+        snapshot_zlib_level: zlib level of the snapshot. Measured on a 1M-entry tree: level 6
+            takes 2.9 s and 28.2 MB, level 1 1.5 s and 30.1 MB. Encoding happens once per
+            generation while every spoke downloads the bytes over the far link, so 6.
+    """
+
+    root: str
+    host: str
+    port: int
+    token: bytes | None = field(default=None, repr=False)
+    log_level: str = "INFO"
+    max_concurrent_reads: int = 16
+    read_wait_s: float = 30.0
+    snapshot_chunk_bytes: int = 256 * KIB
+    snapshot_zlib_level: int = 6
+
+    @property
+    def max_read_memory_bytes(self) -> int:
+        return self.max_concurrent_reads * wire.MAX_RANGE_BYTES

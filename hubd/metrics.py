@@ -1,0 +1,75 @@
+"""Every hubd_* Prometheus metric, declared once, and the ``/metrics`` route.
+
+Each ``HubMetrics`` owns its registry, so several apps (tests) never clash. Labels stay
+low-cardinality: the route template (never a file id or path) and the status code.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest,
+)
+
+from hubd.export_root import Snapshot
+
+# Request latency buckets, seconds: from a cached small range on loopback (~1 ms) to a
+# 16 MiB range to a slow far-away client (tens of seconds).
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                    10.0, 30.0)
+
+
+class HubMetrics:
+    """The hubd metrics and their registry.
+
+    Attributes:
+        requests: hubd_requests_total{route,status}.
+        request_seconds: hubd_request_seconds{route}, time to the last byte written.
+        bytes_served: hubd_bytes_served_total{route}, body bytes (blobs and snapshots).
+        reads_in_flight: hubd_reads_in_flight, requests holding a read slot.
+        snapshot_*: the current snapshot's generation, entries and encoded size.
+        scan_seconds: hubd_scan_seconds, duration of the last scan (walk + encoding).
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        reg = self.registry
+        self.requests = Counter("hubd_requests", "HTTP requests answered, by route and status",
+                                ["route", "status"], registry=reg)
+        self.request_seconds = Histogram("hubd_request_seconds",
+                                         "Time from request to last byte written, by route",
+                                         ["route"], buckets=_LATENCY_BUCKETS, registry=reg)
+        self.bytes_served = Counter("hubd_bytes_served", "Response body bytes sent, by route",
+                                    ["route"], registry=reg)
+        self.reads_in_flight = Gauge("hubd_reads_in_flight",
+                                     "Range reads holding a read slot", registry=reg)
+        self.snapshot_generation = Gauge("hubd_snapshot_generation",
+                                         "Generation of the current snapshot", registry=reg)
+        self.snapshot_entries = Gauge("hubd_snapshot_entries",
+                                      "Entries in the current snapshot", registry=reg)
+        self.snapshot_bytes = Gauge("hubd_snapshot_bytes",
+                                    "Compressed size of the current snapshot", registry=reg)
+        self.scan_seconds = Gauge("hubd_scan_seconds",
+                                  "Duration of the last scan, walk plus encoding", registry=reg)
+
+    def observe_snapshot(self, snap: Snapshot) -> None:
+        self.snapshot_generation.set(snap.generation)
+        self.snapshot_entries.set(len(snap.entries))
+        self.snapshot_bytes.set(len(snap.encoded))
+        self.scan_seconds.set(snap.scan_seconds + snap.encode_seconds)
+
+    def observe_request(self, route: str, status: int | str, seconds: float) -> None:
+        self.requests.labels(route=route, status=str(status)).inc()
+        self.request_seconds.labels(route=route).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+METRICS = web.AppKey("metrics", HubMetrics)
+
+
+async def metrics_handler(request: web.Request) -> web.Response:
+    """GET /metrics: the Prometheus text format (cheap: rendered inline)."""
+    body = request.app[METRICS].render()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

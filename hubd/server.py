@@ -1,0 +1,129 @@
+"""hubd's lifecycle: open ROOT, bind, first scan, serve until SIGTERM/SIGINT, tear down.
+
+Order (teardown reverses it): ROOT's fd -> listening socket -> first scan (in a thread,
+abandoned cleanly if a signal comes first) -> aiohttp runner and site -> readiness line on
+stdout -> wait for SIGTERM/SIGINT -> runner cleanup (in-flight answers get a few seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+import threading
+
+from aiohttp import web
+
+from hubd.app import make_app
+from hubd.config import HubConfig
+from hubd.errors import StartupError
+from hubd.export_root import ExportRoot, ScanCancelled, Snapshot
+from hubd.metrics import HubMetrics
+
+log = logging.getLogger(__name__)
+
+LISTEN_BACKLOG = 1024  # many spokes connect at once after a job starts
+SHUTDOWN_GRACE_S = 5.0  # in-flight answers get this long after SIGTERM
+
+
+async def serve(cfg: HubConfig) -> int:
+    """Run hubd until SIGTERM/SIGINT; returns the exit status (0).
+
+    Raises:
+        StartupError: ROOT cannot be opened or scanned, or the address cannot be bound.
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    export = _open_export(cfg.root, cfg.snapshot_zlib_level)
+    try:
+        with bind(cfg.host, cfg.port) as sock:
+            snap = await _first_scan(export, stop)
+            if snap is not None:
+                await _serve_until(stop, cfg, export, snap, sock)
+    finally:
+        export.close()
+    log.info("stopped")
+    return 0
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (port 0: any free port)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family = infos[0][0]
+        return socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+    except socket.gaierror as exc:
+        raise StartupError(f"cannot resolve {host!r}: {exc.strerror}") from None
+    except OSError as exc:
+        raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def url_of(host: str, sock: socket.socket) -> str:
+    port = sock.getsockname()[1]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _open_export(root: str, zlib_level: int) -> ExportRoot:
+    try:
+        return ExportRoot(root, zlib_level)
+    except FileNotFoundError:
+        raise StartupError(f"{_printable(root)}: no such directory") from None
+    except NotADirectoryError:
+        raise StartupError(f"{_printable(root)}: not a directory") from None
+    except OSError as exc:
+        raise StartupError(f"cannot open {_printable(root)}: {exc.strerror}") from None
+
+
+async def _first_scan(export: ExportRoot, stop: asyncio.Event) -> Snapshot | None:
+    """Scan in a thread; None if ``stop`` is set first (the scan is then cancelled)."""
+    cancel = threading.Event()
+    loop = asyncio.get_running_loop()
+    scan = asyncio.ensure_future(loop.run_in_executor(None, export.rescan, cancel))
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({scan, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not scan.done():
+        cancel.set()
+        with contextlib.suppress(ScanCancelled):
+            await scan
+        return None
+    try:
+        return scan.result()
+    except OSError as exc:
+        raise StartupError(f"cannot scan {_printable(export.root)}: {exc.strerror}") from None
+
+
+async def _serve_until(stop: asyncio.Event, cfg: HubConfig, export: ExportRoot,
+                       snap: Snapshot, sock: socket.socket) -> None:
+    metrics = HubMetrics()
+    metrics.observe_snapshot(snap)
+    app = make_app(cfg, export, metrics)
+    access_log = logging.getLogger("hubd.access") if cfg.log_level == "DEBUG" else None
+    runner = web.AppRunner(app, handle_signals=False, access_log=access_log,
+                           shutdown_timeout=SHUTDOWN_GRACE_S)
+    await runner.setup()
+    try:
+        await web.SockSite(runner, sock, backlog=LISTEN_BACKLOG).start()
+        log.info("config: %r", cfg)  # the token field is repr=False
+        announce(f"hubd: serving {_printable(cfg.root)} at {url_of(cfg.host, sock)} "
+                 f"({len(snap.entries)} entries, generation {snap.generation})")
+        await stop.wait()
+        log.info("signal received: shutting down")
+    finally:
+        await runner.cleanup()
+
+
+def announce(line: str) -> None:
+    """The one readiness line on stdout, flushed."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _printable(path: str) -> str:
+    """``path`` with undecodable bytes escaped, safe to print on any terminal."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")

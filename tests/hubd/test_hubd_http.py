@@ -1,0 +1,166 @@
+"""End to end against a real hubd child: the snapshot and every blob status."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import xxhash
+
+from hubd import wire
+from tests.hubd.hubd_testlib import (
+    DATA, ODD_NAMES, Answer, Hub, Tree, build_tree, decode_snapshot, paths_of, start_hub_process,
+)
+
+CACHE_CONTROL = "public, max-age=31536000, immutable"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Hub, Tree, dict]]:
+    """One hub for the whole module (nothing here changes the tree)."""
+    tree = build_tree(tmp_path_factory.mktemp("tree"))
+    hub = start_hub_process(tree.root, tree.root.parent / "hubd.err")
+    try:
+        answer = hub.request(wire.SNAPSHOT_PATH)
+        yield hub, tree, paths_of(decode_snapshot(answer.body)[1])
+    finally:
+        assert hub.stop() == 0, hub.stderr()
+
+
+def blob(hub: Hub, entry: wire.Entry, rng: str | None = None, version: int | None = None) -> Answer:
+    headers = {"Range": rng} if rng is not None else {}
+    return hub.request(wire.blob_path(entry.file_id, entry.version if version is None
+                                      else version), headers)
+
+
+def assert_error(answer: Answer, status: int, reason: str) -> None:
+    assert answer.status == status, answer
+    assert answer.header(wire.HEADER_ERROR) == reason
+    assert answer.header("Content-Type").startswith("application/json")
+    body = json.loads(answer.body)
+    assert body["error"] == reason and body["detail"] and "\n" not in body["detail"]
+
+
+def test_readiness_line_and_snapshot(served: tuple[Hub, Tree, dict]) -> None:
+    hub, tree, _ = served
+    answer = hub.request(wire.SNAPSHOT_PATH)
+    assert answer.status == 200
+    assert answer.header("Content-Type") == wire.SNAPSHOT_MEDIA_TYPE
+    header, entries = decode_snapshot(answer.body, chunk=7)  # awkward chunking on purpose
+    assert answer.header(wire.HEADER_GENERATION) == str(header.generation)
+    assert hub.ready_line == (f"hubd: serving {tree.root} at {hub.url} "
+                              f"({len(entries)} entries, generation {header.generation})")
+    paths = paths_of(entries)
+    assert {*ODD_NAMES, b"dir\xff\n/inner", b"link_out", b"empty"} <= paths.keys()
+    assert b"fifo" not in paths
+    assert paths[b"hard1"].file_id == paths[b"sub/hard2"].file_id
+
+
+def test_range_reads(served: tuple[Hub, Tree, dict]) -> None:
+    hub, _, paths = served
+    data = paths[b"sub/deeper/data.bin"]
+    for rng, start, stop in [("bytes=0-9", 0, 10), ("bytes=100000-", 100000, len(DATA)),
+                             ("bytes=-300", len(DATA) - 300, len(DATA)),
+                             ("bytes=5-999999999", 5, len(DATA))]:
+        answer = blob(hub, data, rng)
+        assert answer.status == 206, answer
+        assert answer.body == DATA[start:stop]
+        assert answer.header("Content-Range") == f"bytes {start}-{stop - 1}/{len(DATA)}"
+        assert answer.header("Content-Length") == str(stop - start)
+        assert answer.header("ETag") == wire.etag(data.file_id, data.version)
+        assert answer.header("Cache-Control") == CACHE_CONTROL
+        assert answer.header("Accept-Ranges") == "bytes"
+        assert answer.header(wire.HEADER_CHECKSUM) == xxhash.xxh3_64_hexdigest(answer.body)
+
+
+def test_whole_small_files_without_range(served: tuple[Hub, Tree, dict]) -> None:
+    hub, _, paths = served
+    answer = blob(hub, paths[b"sub/deeper/data.bin"])
+    assert answer.status == 200 and answer.body == DATA and answer.header("Content-Range") is None
+    assert answer.header(wire.HEADER_CHECKSUM) == xxhash.xxh3_64_hexdigest(DATA)
+    for name in ODD_NAMES:
+        assert blob(hub, paths[name]).body == name
+    assert blob(hub, paths[b"dir\xff\n/inner"]).body == b"inner"
+    empty = blob(hub, paths[b"empty"])
+    assert (empty.status, empty.body) == (200, b"")
+    assert empty.header(wire.HEADER_CHECKSUM) == xxhash.xxh3_64_hexdigest(b"")
+
+
+def test_unsatisfiable_ranges(served: tuple[Hub, Tree, dict]) -> None:
+    hub, _, paths = served
+    data, big, empty = paths[b"sub/deeper/data.bin"], paths[b"big.bin"], paths[b"empty"]
+    for entry, rng, reason in [
+        (data, f"bytes={len(DATA)}-", "range-not-satisfiable"),
+        (data, "bytes=-0", "range-not-satisfiable"),
+        (empty, "bytes=0-", "range-not-satisfiable"),
+        (big, None, "range-too-large"),
+        (big, "bytes=0-", "range-too-large"),
+        (big, f"bytes=0-{wire.MAX_RANGE_BYTES}", "range-too-large"),
+        (data, "bytes=0-1,4-5", "multiple-ranges"),
+    ]:
+        answer = blob(hub, entry, rng)
+        assert_error(answer, 416, reason)
+        if reason != "multiple-ranges":
+            assert answer.header("Content-Range") == f"bytes */{entry.size}"
+    answer = blob(hub, big, f"bytes=1-{wire.MAX_RANGE_BYTES}")  # exactly the limit is fine
+    assert answer.status == 206 and answer.body == bytes(wire.MAX_RANGE_BYTES)
+
+
+def test_bad_requests(served: tuple[Hub, Tree, dict]) -> None:
+    hub, _, paths = served
+    data = paths[b"sub/deeper/data.bin"]
+    for rng in ["bytes=9-1", "bytes=a-b", "pages=0-1", "bytes=-", "bytes=0-" + "9" * 30,
+                "bytes=-5-6"]:
+        assert_error(blob(hub, data, rng), 400, "bad-range")
+    good = wire.format_id(data.version)
+    for fid in ["0123", "ABCDEF0123456789", "zzzzzzzzzzzzzzzz", "0" * 17]:
+        assert_error(hub.request(f"/v1/blob/{fid}/{good}"), 400, "bad-id")
+    assert_error(hub.request(f"/v1/blob/{wire.format_id(data.file_id)}/xyz"), 400, "bad-id")
+
+
+def test_unknown_and_stale(served: tuple[Hub, Tree, dict]) -> None:
+    hub, _, paths = served
+    data = paths[b"sub/deeper/data.bin"]
+    assert_error(hub.request(wire.blob_path(123456789, data.version)), 404, "unknown-file")
+    for not_a_file in (b"", b"sub", b"link_in"):
+        assert_error(blob(hub, paths[not_a_file], "bytes=0-1"), 404, "unknown-file")
+    assert_error(blob(hub, data, "bytes=0-1", version=data.version ^ 1), 412, "stale-version")
+
+
+def test_other_routes(served: tuple[Hub, Tree, dict]) -> None:
+    hub, _, _ = served
+    health = hub.request(wire.HEALTH_PATH)
+    assert (health.status, health.body) == (200, b"ok")
+    assert hub.request(wire.HEALTH_PATH, method="HEAD").status == 200
+    assert_error(hub.request("/v1/nothing"), 404, "not-found")
+    assert_error(hub.request(wire.SNAPSHOT_PATH, method="POST"), 405, "method-not-allowed")
+    assert_error(hub.request(wire.blob_path(1, 1), method="DELETE"), 405, "method-not-allowed")
+    metrics = hub.request(wire.METRICS_PATH)
+    assert metrics.status == 200
+    text = metrics.body.decode()
+    for needle in ['hubd_requests_total{route="/v1/snapshot",status="200"}',
+                   'hubd_requests_total{route="unmatched",status="404"}',
+                   "hubd_request_seconds_bucket", 'hubd_bytes_served_total{route="/v1/blob',
+                   "hubd_snapshot_entries", "hubd_snapshot_generation", "hubd_scan_seconds",
+                   "hubd_reads_in_flight 0.0"]:
+        assert needle in text, needle
+
+
+def test_parallel_ranges(served: tuple[Hub, Tree, dict]) -> None:
+    """Many ranges at once, each client on its own connection, all correct."""
+    hub, _, paths = served
+    data = paths[b"sub/deeper/data.bin"]
+
+    def fetch(i: int) -> bool:
+        one = Hub(hub.proc, hub.url, hub.ready_line, hub.stderr_path)
+        try:
+            start = (i * 997) % len(DATA)
+            answer = blob(one, data, f"bytes={start}-{start + 9999}")
+            return answer.status == 206 and answer.body == DATA[start : start + 10000]
+        finally:
+            one.close_conn()
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(fetch, range(64)))
