@@ -43,6 +43,7 @@ import xxhash
 
 from spokefs import metrics
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS
+from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,18 @@ class BlockCache:
             )
         return found
 
+    async def present_chunks(self, fv: FileVersion, first: int, last: int) -> set[int]:
+        """Chunk indexes among ``first..last`` whose blocks are all cached (headers only)."""
+        return await trio.to_thread.run_sync(
+            self._present_sync, fv, first, last, limiter=self._read_limiter
+        )
+
+    async def complete_files(self, files: list[FileVersion]) -> set[FileVersion]:
+        """Those of ``files`` that are cached whole."""
+        return await trio.to_thread.run_sync(
+            self._complete_sync, files, limiter=self._read_limiter
+        )
+
     async def put_blocks(self, file_id: int, version: int, blocks: dict[int, bytes]) -> None:
         """Store blocks (index -> bytes; only a file's last block may be short)."""
         try:
@@ -169,6 +182,24 @@ class BlockCache:
                         else:
                             corrupt.append(idx)
         return found, corrupt
+
+    def _present_sync(self, fv: FileVersion, first: int, last: int) -> set[int]:
+        with self._env.begin(buffers=True) as txn:
+            return {ci for ci in range(first, last + 1) if self._chunk_full(txn, fv, ci)}
+
+    def _complete_sync(self, files: list[FileVersion]) -> set[FileVersion]:
+        with self._env.begin(buffers=True) as txn:
+            return {
+                f for f in files
+                if all(self._chunk_full(txn, f, ci) for ci in range(f.chunks()))
+            }
+
+    def _chunk_full(self, txn: lmdb.Transaction, fv: FileVersion, ci: int) -> bool:
+        want = min(CHUNK_BLOCKS, fv.blocks() - ci * CHUNK_BLOCKS)
+        if want <= 0:
+            return True
+        raw = txn.get(_KEY.pack(fv.file_id, fv.version, ci), db=self._chunks)
+        return raw is not None and (_HEAD.unpack_from(raw)[0] & ((1 << want) - 1)).bit_count() == want
 
     def _put_sync(self, file_id: int, version: int, blocks: dict[int, bytes]) -> None:
         by_chunk: dict[int, dict[int, bytes]] = {}

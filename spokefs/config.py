@@ -18,6 +18,34 @@ CHUNK_SIZE = BLOCK_SIZE * CHUNK_BLOCKS
 
 
 @dataclass(frozen=True, slots=True)
+class PrefetchConfig:
+    """Read-ahead knobs (see ``prefetcher``).
+
+    Attributes:
+        window_initial_bytes: first read-ahead window of a sequential stream; small, so a
+            reader that reads a little and stops wastes little.
+        window_max_bytes: a stream's largest window: at 900 ms and 1 Gbit/s one reader
+            needs ~112 MB ahead to keep the link full.
+        request_bytes: one background range or pack request. Large enough that the
+            request's own round trip is a small part of its time, small enough that a
+            reader catching up waits for little.
+        max_inflight_bytes: the bound on background bytes in flight (their RAM).
+        small_file_bytes: files up to this size are fetched whole on first read (one
+            round trip instead of one per kernel read) and are what directory fills fetch.
+        dir_trigger_files: distinct files opened in one directory before the rest of it is
+            fetched in the background.
+    """
+
+    window_initial_bytes: int = 512 << 10
+    window_max_bytes: int = 256 << 20
+    request_bytes: int = 4 << 20
+    max_inflight_bytes: int = 512 << 20
+    small_file_bytes: int = 1 << 20
+    dir_trigger_files: int = 8
+    enabled: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class SpokeConfig:
     """Effective configuration of one mount; built only by ``cli.py``.
 
@@ -51,9 +79,10 @@ class SpokeConfig:
     hub_deadline_s: float = 60.0
     hub_request_timeout_s: float = 30.0
     mount_deadline_s: float = 5.0
-    hub_max_connections: int = 16
+    hub_max_connections: int = 160  # background requests (up to 128) + demand reads
     fuse_max_tasks: int = 64
     attr_timeout_s: float = 3600.0
     kernel_readahead_kib: int = 1024
+    prefetch: PrefetchConfig = PrefetchConfig()
     daemon: bool = False
     log_level: str = "INFO"

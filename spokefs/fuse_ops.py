@@ -19,7 +19,9 @@ import pyfuse3
 from spokefs.config import BLOCK_SIZE, SpokeConfig
 from spokefs.errors import NotADir, ReadOnly, fuse_errors
 from spokefs.namespace import Attr, Namespace
-from spokefs.reader import FileVersion, Reader
+from spokefs.prefetcher import Stream
+from spokefs.reader import Reader
+from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +32,8 @@ class SpokeOps(pyfuse3.Operations):
     """Read-only FUSE view of the replicated namespace.
 
     Attributes:
-        handles: open file handle -> the file version it reads (fixed at open).
+        handles: open file handle -> its stream (the file version it reads, fixed at open,
+            and its access pattern).
     """
 
     supports_dot_lookup = False  # no NFS export, so the kernel never looks up ".."
@@ -45,7 +48,7 @@ class SpokeOps(pyfuse3.Operations):
         self._gid = cfg.gid
         self._timeout = cfg.attr_timeout_s
         self._fh = itertools.count(1)
-        self.handles: dict[int, FileVersion] = {}
+        self.handles: dict[int, Stream] = {}
 
     def _entry(self, a: Attr) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
@@ -145,7 +148,7 @@ class SpokeOps(pyfuse3.Operations):
         if stat.S_ISDIR(a.mode):
             raise pyfuse3.FUSEError(errno.EISDIR)
         fh = next(self._fh)
-        self.handles[fh] = FileVersion(a.file_id, a.version, a.size)
+        self.handles[fh] = self._reader.open(FileVersion(a.file_id, a.version, a.size), a.parent_id)
         # keep_cache: a (file_id, version) never changes its bytes, so the kernel's page
         # cache stays valid across opens until the version changes.
         return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(fh), keep_cache=True)
@@ -156,7 +159,9 @@ class SpokeOps(pyfuse3.Operations):
         return await self._reader.read(self.handles[fh], off, size)
 
     async def release(self, fh: pyfuse3.FileHandleT) -> None:
-        self.handles.pop(fh, None)
+        stream = self.handles.pop(fh, None)
+        if stream is not None:
+            self._reader.close(stream)
 
     async def flush(self, fh: pyfuse3.FileHandleT) -> None:
         return None

@@ -149,6 +149,32 @@ class HubClient:
                 raise CorruptBlock(str(exc)) from exc
             raise
 
+    async def fetch_pack(self, items: list[tuple[int, int]]) -> dict[tuple[int, int], bytes | None]:
+        """Whole small files, ``(file_id, version) -> bytes`` (None: gone on the hub).
+
+        Each file's bytes are verified against the checksum in its record.
+        """
+        body = wire.encode_pack_request(items)
+
+        async def attempt() -> dict[tuple[int, int], bytes | None]:
+            resp = await self._http.post(
+                wire.PACK_PATH, content=body, headers={"Content-Type": "application/octet-stream"}
+            )
+            self._check_status(resp, "pack")
+            metrics.LINK_BYTES.inc(len(resp.content))
+            try:
+                records = wire.decode_pack(resp.content, items)
+            except wire.WireError as exc:
+                raise HubProtocolError(f"bad pack answer: {exc}") from None
+            out: dict[tuple[int, int], bytes | None] = {}
+            for key, rec in records.items():
+                if rec is not None and xxhash.xxh3_64_intdigest(rec[0]) != rec[1]:
+                    raise _Retry("checksum", f"file {key[0]:x} in a pack failed its checksum")
+                out[key] = None if rec is None else rec[0]
+            return out
+
+        return await self._with_retries("pack", attempt, None, bound_attempt=True)
+
     def _check_status(self, resp: httpx.Response, kind: str) -> None:
         status = resp.status_code
         metrics.HUB_REQUESTS.labels(kind=kind, status=str(status)).inc()

@@ -42,3 +42,18 @@ NAMESPACE_GENERATION = Gauge("spokefs_namespace_generation", "Generation of the 
 
 FUSE_ERRORS = Counter("spokefs_fuse_errors_total", "Errors returned to FUSE", ["op", "errno"])
 INTERNAL_ERRORS = Counter("spokefs_internal_errors_total", "Bugs caught at the FUSE boundary", ["op"])
+
+PREFETCH_ISSUED_BYTES = Counter("spokefs_prefetch_issued_bytes_total", "Bytes fetched ahead of readers")
+PREFETCH_USED_BYTES = Counter(
+    "spokefs_prefetch_used_bytes_total", "Prefetched bytes that a read later used"
+)
+PREFETCH_RESETS = Counter(
+    "spokefs_prefetch_window_resets_total", "Read-ahead windows closed by a non-sequential read"
+)
+PREFETCH_DROPPED_HINTS = Counter(
+    "spokefs_prefetch_dropped_hints_total", "Prefetch jobs dropped because the queue was full"
+)
+PREFETCH_ERRORS = Counter("spokefs_prefetch_errors_total", "Background fetches that failed")
+PREFETCH_INFLIGHT_LIMIT = Gauge(
+    "spokefs_prefetch_inflight_requests_limit", "Background requests allowed in flight now"
+)

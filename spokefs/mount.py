@@ -15,7 +15,7 @@ import os
 import signal
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 
@@ -28,11 +28,14 @@ from spokefs import metrics
 from spokefs.block_cache import BlockCache
 from spokefs.config import SpokeConfig
 from spokefs.errors import HubProtocolError, HubUnavailable, UserError
+from spokefs.fetcher import Fetcher
 from spokefs.fuse_ops import SpokeOps
 from spokefs.hub_client import HubClient
 from spokefs.mounttab import find_mount
 from spokefs.namespace import Namespace, NamespaceInfo
+from spokefs.prefetcher import Prefetcher
 from spokefs.reader import Reader
+from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +84,14 @@ async def replicate_namespace(hub: HubClient, ns: Namespace, cfg: SpokeConfig) -
     return info
 
 
+def _dir_lister(ns: Namespace) -> Callable[[int], Awaitable[list[FileVersion]]]:
+    async def list_dir_files(dir_id: int) -> list[FileVersion]:
+        rows = await trio.to_thread.run_sync(ns.dir_files, dir_id)
+        return list(dict.fromkeys(FileVersion(*row) for row in rows))  # hard links once
+
+    return list_dir_files
+
+
 def _fuse_options(cfg: SpokeConfig) -> set[str]:
     options = set(pyfuse3.default_options)  # default_permissions: the kernel checks modes
     options |= {"ro", "allow_other", "fsname=spokefs", "subtype=spokefs"}
@@ -102,7 +113,13 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
         info = await replicate_namespace(hub, ns, cfg)
         cache = BlockCache(cfg.cache_dir / "blocks", cfg.cache_max_bytes)
         stack.callback(cache.close)
-        ops = SpokeOps(ns, Reader(cache, hub), cfg)
+        fetcher = Fetcher(cache, hub)
+        prefetcher = None
+        if cfg.prefetch.enabled:
+            prefetcher = Prefetcher(
+                fetcher, _dir_lister(ns), cfg.prefetch, cfg.cache_max_bytes
+            )
+        ops = SpokeOps(ns, Reader(fetcher, prefetcher, cfg.prefetch.small_file_bytes), cfg)
         _start_metrics(cfg)
         try:
             pyfuse3.init(ops, str(cfg.mountpoint), _fuse_options(cfg))
@@ -115,6 +132,8 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             on_ready(info)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_terminate_on_signal)
+                if prefetcher is not None:
+                    await nursery.start(prefetcher.run)
                 await pyfuse3.main(min_tasks=2, max_tasks=cfg.fuse_max_tasks)
                 nursery.cancel_scope.cancel()
             clean = True

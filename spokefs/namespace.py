@@ -10,7 +10,7 @@ entries are adjacent):
 
 | db     | key                        | value                                        |
 | ------ | -------------------------- | -------------------------------------------- |
-| attr   | id                         | ``_ATTR`` (mode, size, mtime_ns, nlink, version) + symlink target |
+| attr   | id                         | ``_ATTR`` (mode, size, mtime_ns, nlink, version, parent) + symlink target |
 | dent   | parent id + name           | child id                                     |
 | dpos   | parent id + position (u32) | child id + name (readdir resumes at a position) |
 | info   | b"generation" etc.         | values of the loaded snapshot                |
@@ -22,6 +22,7 @@ thread (STYLE.md section 5); the load runs in a worker thread.
 
 from __future__ import annotations
 
+import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from spokefs.errors import NotFound
 ROOT_INODE = 1
 _ID = struct.Struct(">Q")
 _POS = struct.Struct(">QI")
-_ATTR = struct.Struct("<IQqIQ")
+_ATTR = struct.Struct("<IQqIQQ")
 _U64 = struct.Struct("<Q")
 _MAP_SIZE = 1 << 36  # 64 GiB of address space; the file grows only as entries need
 
@@ -51,6 +52,7 @@ class Attr:
     mtime_ns: int
     nlink: int
     version: int
+    parent_id: int  # the first directory that lists it (hard links have more)
     target: bytes
 
 
@@ -111,8 +113,8 @@ class Namespace:
         return info
 
     def _put_entry(self, txn: lmdb.Transaction, e: wire.Entry, positions: dict[int, int]) -> None:
-        attr = _ATTR.pack(e.mode, e.size, e.mtime_ns, e.nlink, e.version) + e.target
-        txn.put(_ID.pack(e.file_id), attr, db=self._attr)
+        attr = _ATTR.pack(e.mode, e.size, e.mtime_ns, e.nlink, e.version, e.parent_id)
+        txn.put(_ID.pack(e.file_id), attr + e.target, db=self._attr, overwrite=False)
         if e.parent_id == 0:
             return
         child = _ID.pack(e.file_id)
@@ -183,8 +185,30 @@ class Namespace:
                     continue
                 yield pos + 1, value[8:], self._decode(fid, raw)
 
+    def dir_files(self, dir_id: int) -> list[tuple[int, int, int]]:
+        """``(file_id, version, size)`` of the regular files in a directory (by file id).
+
+        Blocking for a large directory: callers run it in a thread.
+        """
+        out = []
+        with self._env.begin() as txn:
+            cur = txn.cursor(db=self._dpos)
+            if not cur.set_range(_POS.pack(dir_id, 0)):
+                return out
+            for key, value in cur:
+                if _POS.unpack(key)[0] != dir_id:
+                    break
+                raw = txn.get(value[:8], db=self._attr)
+                if raw is None:
+                    continue
+                mode, size, _, _, version, _ = _ATTR.unpack_from(raw)
+                if stat.S_ISREG(mode):
+                    out.append((_ID.unpack_from(value)[0], version, size))
+        return out
+
     def _decode(self, fid: int, raw: bytes) -> Attr:
-        mode, size, mtime_ns, nlink, version = _ATTR.unpack_from(raw)
+        mode, size, mtime_ns, nlink, version, parent = _ATTR.unpack_from(raw)
         return Attr(
-            self.inode(fid), fid, mode, size, mtime_ns, nlink, version, raw[_ATTR.size :]
+            self.inode(fid), fid, mode, size, mtime_ns, nlink, version, parent,
+            bytes(raw[_ATTR.size :]),
         )

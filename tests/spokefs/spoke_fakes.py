@@ -19,6 +19,7 @@ class FakeHub:
         self.files = files
         self.delay_s = delay_s
         self.calls: list[tuple[int, int, int, int]] = []
+        self.packs: list[list[tuple[int, int]]] = []
 
     async def fetch_range(self, file_id: int, version: int, start: int, length: int) -> bytes:
         self.calls.append((file_id, version, start, length))
@@ -28,3 +29,8 @@ class FakeHub:
             raise StaleExport(f"{file_id:x}/{version:x}")
         assert 0 <= start and start + length <= len(data), "reader asked past EOF"
         return data[start : start + length]
+
+    async def fetch_pack(self, items: list[tuple[int, int]]) -> dict[tuple[int, int], bytes | None]:
+        self.packs.append(items)
+        await trio.sleep(self.delay_s)
+        return {key: self.files.get(key) for key in items}

@@ -15,6 +15,7 @@ from hubd import wire
 from hubd.wire import Entry
 from spokefs.block_cache import BlockCache
 from spokefs.config import SpokeConfig
+from spokefs.fetcher import Fetcher
 from spokefs.fuse_ops import SpokeOps
 from spokefs.namespace import ROOT_INODE, Namespace
 from spokefs.reader import Reader
@@ -37,7 +38,8 @@ def ops(tmp_path: Path):
         Entry(0x300, ROOT, stat.S_IFLNK | 0o777, 0, 10, 1, 0, b"l", b"f"),
     ]))
     cache = BlockCache(tmp_path / "blocks", 16 << 20)
-    reader = Reader(cache, FakeHub({(0x200, 9): DATA}))  # type: ignore[arg-type]
+    fetcher = Fetcher(cache, FakeHub({(0x200, 9): DATA}))  # type: ignore[arg-type]
+    reader = Reader(fetcher, None, 1 << 20)
     cfg = SpokeConfig("http://hub", tmp_path, tmp_path, 16 << 20, uid=7, gid=8)
     yield SpokeOps(ns, reader, cfg)
     cache.close()

@@ -1,0 +1,244 @@
+"""Read-ahead: keeps the far link full so that readers rarely wait.
+
+Three triggers, all filling the block cache (no private RAM queue; the RAM used is the
+responses in flight, at most ``max_inflight_bytes``):
+
+1. **Sequential streams.** Each open handle is a ``Stream``. A read that starts within
+   ``_SEQ_SLACK`` of where the last one ended counts as sequential (the kernel's own
+   read-ahead sends reads slightly out of order); after two in a row the window opens at
+   ``window_initial_bytes`` and doubles on every further sequential read up to
+   ``window_max_bytes``. The range ahead of the reader up to the window is queued as jobs of
+   ``request_bytes``. A read elsewhere (random access) closes the window at once, and jobs
+   queued before that are dropped unfetched (``Stream.epoch``), so a random reader never
+   moves bytes it did not ask for.
+2. **Small files** (up to ``small_file_bytes``) are fetched whole on first read by the reader
+   itself; that is a demand fetch, not a prefetch.
+3. **Directories.** When ``dir_trigger_files`` different files of one directory have been
+   opened, the directory's other small files are fetched in the background in pack requests
+   (many files per round trip), up to half the cache, skipping what is cached.
+
+Priority: demand reads never wait for a prefetch slot (they go to the hub directly, see
+``fetcher``). Background requests share one limiter whose size follows ``LinkModel`` (enough
+requests in flight to fill the link, not much more); directory fills may use at most half of
+it, so sequential streams keep flowing.
+
+Concurrency: ``on_open``/``on_read`` are synchronous (called from FUSE handlers; they only
+update state and ``send_nowait`` jobs: a full queue drops the hint and counts it). Workers
+and the controller live in the nursery of ``run``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from spokefs import metrics
+from spokefs.config import CHUNK_SIZE, PrefetchConfig
+from spokefs.errors import SpokeError
+from spokefs.fetcher import Fetcher
+from spokefs.link_model import LinkModel
+from spokefs.types import FileVersion
+
+log = logging.getLogger(__name__)
+
+_SEQ_SLACK = 2 << 20  # how far out of order the kernel's own read-ahead sends reads
+_QUEUED_JOBS = 4096
+_TRACKED_DIRS = 4096
+_CONTROL_INTERVAL_S = 0.25
+
+
+@dataclass(slots=True)
+class Stream:
+    """Access-pattern state of one open handle."""
+
+    fv: FileVersion
+    parent_id: int
+    next_offset: int = 0
+    sequential: int = 0
+    window: int = 0
+    issued_to: int = 0
+    epoch: int = 0  # bumped on random access or close: queued jobs of older epochs are dropped
+    closed: bool = False
+
+
+@dataclass(slots=True)
+class _DirState:
+    opened: set[int] = field(default_factory=set)
+    filled: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    stream: Stream
+    epoch: int
+    start: int
+    end: int
+
+
+class Prefetcher:
+    """Sequential read-ahead and directory fills into the block cache."""
+
+    def __init__(
+        self,
+        fetcher: Fetcher,
+        list_dir_files: Callable[[int], Awaitable[list[FileVersion]]],
+        cfg: PrefetchConfig,
+        cache_max_bytes: int,
+    ) -> None:
+        self._fetcher = fetcher
+        self._list_dir_files = list_dir_files
+        self._cfg = cfg
+        self._dir_budget = cache_max_bytes // 2
+        self._jobs_tx, self._jobs_rx = trio.open_memory_channel[_Job](_QUEUED_JOBS)
+        self._dirs_tx, self._dirs_rx = trio.open_memory_channel[int](64)
+        self._dirs: OrderedDict[int, _DirState] = OrderedDict()
+        self.model = LinkModel(cfg.request_bytes, 4, cfg.max_inflight_bytes // cfg.request_bytes)
+        self._limiter = trio.CapacityLimiter(8)
+        self._dir_slots = trio.Semaphore(self.model.max_requests // 2)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(self.model.max_requests):
+                nursery.start_soon(self._stream_worker, self._jobs_rx.clone())
+            for _ in range(4):
+                nursery.start_soon(self._dir_worker, self._dirs_rx.clone())
+            nursery.start_soon(self._control)
+            task_status.started()
+
+    # -- hints from the read path (synchronous) -------------------------------------
+
+    def on_open(self, fv: FileVersion, parent_id: int) -> Stream:
+        state = self._dirs.get(parent_id)
+        if state is None:
+            state = self._dirs[parent_id] = _DirState()
+            if len(self._dirs) > _TRACKED_DIRS:
+                self._dirs.popitem(last=False)
+        state.opened.add(fv.file_id)
+        if not state.filled and len(state.opened) >= self._cfg.dir_trigger_files:
+            state.filled = True
+            state.opened.clear()
+            self._send(self._dirs_tx, parent_id)
+        return Stream(fv, parent_id)
+
+    def on_close(self, stream: Stream) -> None:
+        stream.closed = True
+        stream.epoch += 1
+
+    def on_read(self, stream: Stream, offset: int, size: int) -> None:
+        end = offset + size
+        if abs(offset - stream.next_offset) <= _SEQ_SLACK:
+            stream.sequential += 1
+            stream.next_offset = max(stream.next_offset, end)
+        else:
+            if stream.window:
+                metrics.PREFETCH_RESETS.inc()
+            stream.sequential = stream.window = stream.issued_to = 0
+            stream.epoch += 1
+            stream.next_offset = end
+        if stream.sequential < 2 or stream.fv.size <= self._cfg.small_file_bytes:
+            return
+        cfg = self._cfg
+        stream.window = min(max(stream.window * 2, cfg.window_initial_bytes), cfg.window_max_bytes)
+        target = min(end + stream.window, stream.fv.size)
+        start = max(stream.issued_to, end)
+        # issue in whole requests (or up to EOF) so the link sees few, large ranges
+        if target - start < min(cfg.request_bytes, stream.window // 2) and target < stream.fv.size:
+            return
+        for job_start in range(start - start % CHUNK_SIZE, target, cfg.request_bytes):
+            job_end = min(job_start + cfg.request_bytes, target)
+            if not self._send(self._jobs_tx, _Job(stream, stream.epoch, job_start, job_end)):
+                target = job_start
+                break
+        stream.issued_to = max(stream.issued_to, target)
+
+    @staticmethod
+    def _send(tx: trio.MemorySendChannel, item: object) -> bool:
+        try:
+            tx.send_nowait(item)
+        except trio.WouldBlock:
+            metrics.PREFETCH_DROPPED_HINTS.inc()
+            return False
+        return True
+
+    # -- background work ------------------------------------------------------------
+
+    async def _stream_worker(self, jobs: trio.MemoryReceiveChannel[_Job]) -> None:
+        async for job in jobs:
+            if job.epoch != job.stream.epoch:
+                continue  # the reader went elsewhere or closed the file
+            async with self._limiter:
+                if job.epoch == job.stream.epoch:
+                    await self._timed(self._fetcher.prefetch_range(job.stream.fv, job.start, job.end))
+
+    async def _dir_worker(self, dirs: trio.MemoryReceiveChannel[int]) -> None:
+        async for parent_id in dirs:
+            try:
+                await self._fill_dir(parent_id)
+            except SpokeError as exc:
+                log.info("directory prefetch of %x stopped: %s", parent_id, exc)
+
+    async def _fill_dir(self, parent_id: int) -> None:
+        files = [
+            f for f in await self._list_dir_files(parent_id)
+            if 0 < f.size <= self._cfg.small_file_bytes
+        ]
+        cached = await self._fetcher.cache.complete_files(files)
+        budget = self._dir_budget
+        batch: list[FileVersion] = []
+        batch_bytes = 0
+        started = time.monotonic()
+        total = 0
+        async with trio.open_nursery() as nursery:
+            for f in files:
+                if f in cached:
+                    continue
+                if budget < f.size:
+                    break
+                budget -= f.size
+                batch.append(f)
+                batch_bytes += f.size
+                if batch_bytes >= self._cfg.request_bytes or len(batch) >= 1024:
+                    await self._dir_slots.acquire()
+                    nursery.start_soon(self._fetch_pack, batch)
+                    total += batch_bytes
+                    batch, batch_bytes = [], 0
+            if batch:
+                await self._dir_slots.acquire()
+                nursery.start_soon(self._fetch_pack, batch)
+                total += batch_bytes
+        log.info(
+            "directory prefetch of %x: %d files, %d bytes in %.1fs",
+            parent_id, len(files) - len(cached), total, time.monotonic() - started,
+        )
+
+    async def _fetch_pack(self, batch: list[FileVersion]) -> None:
+        try:
+            async with self._limiter:
+                await self._timed(self._fetcher.prefetch_files(batch))
+        finally:
+            self._dir_slots.release()
+
+    async def _timed(self, fetch: Awaitable[int]) -> None:
+        started = time.monotonic()
+        try:
+            nbytes = await fetch
+        except SpokeError as exc:  # a failed prefetch costs nothing but its bytes
+            metrics.PREFETCH_ERRORS.inc()
+            log.debug("prefetch failed: %s", exc)
+            return
+        if nbytes:
+            self.model.record(nbytes, time.monotonic() - started)
+
+    async def _control(self) -> None:
+        """Size the background limiter to the link, a few times a second."""
+        while True:
+            await trio.sleep(_CONTROL_INTERVAL_S)
+            est = self.model.estimate(int(self._limiter.total_tokens))
+            if est.target_requests != self._limiter.total_tokens:
+                self._limiter.total_tokens = est.target_requests
+            metrics.PREFETCH_INFLIGHT_LIMIT.set(est.target_requests)
