@@ -151,15 +151,18 @@ class BlockCache:
             self._complete_sync, files, limiter=self._read_limiter
         )
 
-    async def put_blocks(self, file_id: int, version: int, blocks: dict[int, bytes]) -> None:
-        """Store blocks (index -> bytes; only a file's last block may be short)."""
+    async def put_runs(self, file_id: int, version: int, runs: list[tuple[int, bytes]]) -> None:
+        """Store runs of blocks: ``(first block index, contiguous bytes)``, one transaction.
+
+        Each run's bytes are whole blocks, except that the file's last block may be short.
+        """
         try:
             await trio.to_thread.run_sync(
-                self._put_sync, file_id, version, blocks, limiter=self._write_limiter
+                self._put_sync, file_id, version, runs, limiter=self._write_limiter
             )
         except lmdb.Error as exc:  # e.g. disk full: the read is still served from memory
             metrics.CACHE_WRITE_ERRORS.inc()
-            log.warning("could not store %d blocks of file %x: %s", len(blocks), file_id, exc)
+            log.warning("could not store blocks of file %x: %s", file_id, exc)
 
     # -- synchronous parts, one transaction each --------------------------------------
 
@@ -201,36 +204,55 @@ class BlockCache:
         raw = txn.get(_KEY.pack(fv.file_id, fv.version, ci), db=self._chunks)
         return raw is not None and (_HEAD.unpack_from(raw)[0] & ((1 << want) - 1)).bit_count() == want
 
-    def _put_sync(self, file_id: int, version: int, blocks: dict[int, bytes]) -> None:
-        by_chunk: dict[int, dict[int, bytes]] = {}
-        for idx, data in blocks.items():
-            by_chunk.setdefault(idx // CHUNK_BLOCKS, {})[idx % CHUNK_BLOCKS] = data
+    def _put_sync(self, file_id: int, version: int, runs: list[tuple[int, bytes]]) -> None:
         with self._env.begin(write=True) as txn:
             total = self._meta_get(txn, b"bytes")
             seq = self._meta_get(txn, b"seq")
-            for ci, new in by_chunk.items():
-                key = _KEY.pack(file_id, version, ci)
-                raw = txn.get(key, db=self._chunks)
-                if raw is None:
-                    seq += 1
-                    chunk = _Chunk(seq, {}, {})
-                    txn.put(_SEQ.pack(seq), key, db=self._fifo)
-                    self._chunk_count += 1
-                else:
-                    chunk = _Chunk.decode(raw)
-                    total -= len(raw)
-                for slot, data in new.items():
-                    chunk.blocks[slot] = data
-                    chunk.sums[slot] = xxhash.xxh3_64_intdigest(data)
-                value = chunk.encode()
-                txn.put(key, value, db=self._chunks)
-                total += len(value)
+            for first, data in runs:
+                view = memoryview(data)
+                nblocks = -(-len(data) // BLOCK_SIZE)
+                idx = first
+                while idx < first + nblocks:
+                    ci, slot = divmod(idx, CHUNK_BLOCKS)
+                    count = min(CHUNK_BLOCKS - slot, first + nblocks - idx)
+                    off = (idx - first) * BLOCK_SIZE
+                    piece = view[off : off + count * BLOCK_SIZE]
+                    total, seq = self._put_piece(txn, (file_id, version, ci), slot, piece, total, seq)
+                    idx += count
             if total > self.max_bytes:
                 total = self._evict(txn, total, int(self.max_bytes * _LOW_WATER))
             txn.put(b"bytes", _U64.pack(total), db=self._meta)
             txn.put(b"seq", _U64.pack(seq), db=self._meta)
         self._bytes = total
         metrics.CACHE_BYTES.set(total)
+
+    def _put_piece(
+        self, txn: lmdb.Transaction, key3: tuple[int, int, int], slot: int, piece: memoryview,
+        total: int, seq: int,
+    ) -> tuple[int, int]:
+        """Store contiguous blocks from ``slot`` on into one chunk; returns (total, seq)."""
+        key = _KEY.pack(*key3)
+        sums = [
+            xxhash.xxh3_64_intdigest(piece[o : o + BLOCK_SIZE])
+            for o in range(0, len(piece), BLOCK_SIZE)
+        ]
+        raw = txn.get(key, db=self._chunks)
+        if raw is None:  # the common case: a new chunk, stored with one copy of the bytes
+            seq += 1
+            txn.put(_SEQ.pack(seq), key, db=self._fifo)
+            self._chunk_count += 1
+            bitmap = ((1 << len(sums)) - 1) << slot
+            all_sums = [0] * slot + sums + [0] * (CHUNK_BLOCKS - slot - len(sums))
+            value = _HEAD.pack(bitmap, seq, *all_sums) + piece
+        else:
+            total -= len(raw)
+            chunk = _Chunk.decode(raw)
+            for n, digest in enumerate(sums):
+                chunk.blocks[slot + n] = bytes(piece[n * BLOCK_SIZE : (n + 1) * BLOCK_SIZE])
+                chunk.sums[slot + n] = digest
+            value = chunk.encode()
+        txn.put(key, value, db=self._chunks)
+        return total + len(value), seq
 
     def _evict(self, txn: lmdb.Transaction, total: int, target: int) -> int:
         """Drop the oldest chunks until ``total <= target``; returns the new total."""

@@ -31,6 +31,9 @@ from spokefs.types import FileVersion
 
 _RUN_BLOCKS = wire.MAX_RANGE_BYTES // BLOCK_SIZE
 _TRACKED_PREFETCH_CHUNKS = 1 << 20  # ~100 MiB of bookkeeping at most
+# Chunks stored in the last moments: a caller that looked in the cache just before another
+# task stored them (the look is a thread hop) must not fetch them again.
+_RECENT_CHUNKS = 8192
 
 ChunkKey = tuple[int, int, int]
 
@@ -43,25 +46,39 @@ class Fetcher:
         self._hub = hub
         self._inflight: dict[ChunkKey, trio.Event] = {}
         self._prefetched: OrderedDict[ChunkKey, int] = OrderedDict()
+        self._recent: OrderedDict[ChunkKey, None] = OrderedDict()
 
     # -- demand ---------------------------------------------------------------------
 
-    async def demand(self, fv: FileVersion, missing: list[int]) -> dict[int, bytes]:
-        """Fetch the missing blocks whose chunks nobody else is fetching; wait for the rest."""
-        claimed, waits = self._claim(fv, sorted({i // CHUNK_BLOCKS for i in missing}))
+    async def demand(
+        self, fv: FileVersion, missing: list[int], *, skip_recent: bool = True
+    ) -> dict[int, bytes]:
+        """Fetch the missing blocks whose chunks nobody else is fetching; wait for the rest.
+
+        With ``skip_recent``, chunks stored moments ago are left for the caller to read from
+        the cache (it looked just before they arrived); a caller that still misses them
+        there (evicted at once from a tiny cache) calls again without it.
+        """
+        chunks = sorted({i // CHUNK_BLOCKS for i in missing})
+        claimed, waits = self._claim(fv, chunks, skip_recent=skip_recent)
         mine = [i for i in missing if (fv.file_id, fv.version, i // CHUNK_BLOCKS) in claimed]
-        fetched: dict[int, bytes] = {}
+        got: list[tuple[int, bytes]] = []
         try:
             async with trio.open_nursery() as nursery:
                 for run in _runs(mine, _RUN_BLOCKS):
-                    nursery.start_soon(self._fetch_run, fv, run, fetched)
-            if fetched:
-                await self.cache.put_blocks(fv.file_id, fv.version, fetched)
+                    nursery.start_soon(self._fetch_run, fv, run, got)
+            if got:
+                await self.cache.put_runs(fv.file_id, fv.version, got)
+                self._remember_recent(claimed)
         finally:
             self._release(claimed)
         for event in waits:
             await event.wait()
-        return fetched
+        return {
+            first + n: data[n * BLOCK_SIZE : (n + 1) * BLOCK_SIZE]
+            for first, data in got
+            for n in range(-(-len(data) // BLOCK_SIZE))
+        }
 
     def note_used(self, fv: FileVersion, first: int, last: int) -> None:
         """Count prefetched chunks that a read has now used."""
@@ -79,19 +96,20 @@ class Fetcher:
         first_chunk, last_chunk = start // CHUNK_SIZE, (end - 1) // CHUNK_SIZE
         present = await self.cache.present_chunks(fv, first_chunk, last_chunk)
         wanted = [c for c in range(first_chunk, last_chunk + 1) if c not in present]
-        claimed, _ = self._claim(fv, wanted)
+        claimed, _ = self._claim(fv, wanted, skip_recent=True)
         try:
             chunks = sorted(ci for _, _, ci in claimed)
             blocks = [b for ci in chunks for b in _chunk_blocks(ci, fv.blocks())]
             # one request per run: a chunk run up to MAX_RANGE_BYTES, which the caller keeps
             # to about one prefetch request's size
-            fetched: dict[int, bytes] = {}
+            got: list[tuple[int, bytes]] = []
             for run in _runs(blocks, _RUN_BLOCKS):
-                await self._fetch_run(fv, run, fetched)
-            if fetched:
-                await self.cache.put_blocks(fv.file_id, fv.version, fetched)
+                await self._fetch_run(fv, run, got)
+            if got:
+                await self.cache.put_runs(fv.file_id, fv.version, got)
                 self._remember_prefetched(fv, chunks)
-            nbytes = sum(len(b) for b in fetched.values())
+                self._remember_recent(claimed)
+            nbytes = sum(len(data) for _, data in got)
             metrics.PREFETCH_ISSUED_BYTES.inc(nbytes)
             return nbytes
         finally:
@@ -101,7 +119,7 @@ class Fetcher:
         """Fetch small, non-empty files whole in one pack request; bytes fetched."""
         keys = {f: [(f.file_id, f.version, ci) for ci in range(f.chunks())] for f in files}
         free = [f for f in files if f.size and not any(k in self._inflight for k in keys[f])]
-        claimed, _ = self._claim_keys([k for f in free for k in keys[f]])
+        claimed, _ = self._claim_keys([k for f in free for k in keys[f]], skip_recent=False)
         try:
             if not free:
                 return 0
@@ -111,8 +129,7 @@ class Fetcher:
                 data = got.get((f.file_id, f.version))
                 if data is None:
                     continue  # gone on the hub: a later open sees the new version
-                blocks = {i: data[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE] for i in range(f.blocks())}
-                await self.cache.put_blocks(f.file_id, f.version, blocks)
+                await self.cache.put_runs(f.file_id, f.version, [(0, data)])
                 self._remember_prefetched(f, list(range(f.chunks())))
                 nbytes += len(data)
             metrics.PREFETCH_ISSUED_BYTES.inc(nbytes)
@@ -122,14 +139,21 @@ class Fetcher:
 
     # -- internals ------------------------------------------------------------------
 
-    def _claim(self, fv: FileVersion, chunks: list[int]) -> tuple[set[ChunkKey], list[trio.Event]]:
-        return self._claim_keys([(fv.file_id, fv.version, ci) for ci in chunks])
+    def _claim(
+        self, fv: FileVersion, chunks: list[int], *, skip_recent: bool
+    ) -> tuple[set[ChunkKey], list[trio.Event]]:
+        keys = [(fv.file_id, fv.version, ci) for ci in chunks]
+        return self._claim_keys(keys, skip_recent=skip_recent)
 
-    def _claim_keys(self, keys: list[ChunkKey]) -> tuple[set[ChunkKey], list[trio.Event]]:
+    def _claim_keys(
+        self, keys: list[ChunkKey], *, skip_recent: bool
+    ) -> tuple[set[ChunkKey], list[trio.Event]]:
         """Mark free chunks in flight (ours); return them and the events of the others."""
         claimed: set[ChunkKey] = set()
         waits: list[trio.Event] = []
         for key in keys:
+            if skip_recent and key in self._recent:
+                continue
             if (event := self._inflight.get(key)) is not None:
                 waits.append(event)
             else:
@@ -141,12 +165,17 @@ class Fetcher:
         for key in claimed:
             self._inflight.pop(key).set()
 
-    async def _fetch_run(self, fv: FileVersion, run: range, out: dict[int, bytes]) -> None:
+    async def _fetch_run(self, fv: FileVersion, run: range, out: list[tuple[int, bytes]]) -> None:
         start = run.start * BLOCK_SIZE
         stop = min(run.stop * BLOCK_SIZE, fv.size)
-        data = await self._hub.fetch_range(fv.file_id, fv.version, start, stop - start)
-        for n, idx in enumerate(run):
-            out[idx] = data[n * BLOCK_SIZE : (n + 1) * BLOCK_SIZE]
+        out.append((run.start, await self._hub.fetch_range(fv.file_id, fv.version, start, stop - start)))
+
+    def _remember_recent(self, keys: set[ChunkKey]) -> None:
+        for key in keys:
+            self._recent[key] = None
+            self._recent.move_to_end(key)
+        while len(self._recent) > _RECENT_CHUNKS:
+            self._recent.popitem(last=False)
 
     def _remember_prefetched(self, fv: FileVersion, chunks: list[int]) -> None:
         size = fv.size

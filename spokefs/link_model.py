@@ -1,79 +1,95 @@
-"""How many bytes to keep in flight on the far link, from what the link has shown.
+"""How many background requests to keep in flight on the far link, from what it has shown.
 
-A long link is filled only when ``in-flight bytes >= bandwidth x round-trip time``; one HTTP
-request per connection sees at most ``window / RTT`` (4 MiB / 900 ms is under 5 MB/s), so the
-spoke must keep many requests going at once, and how many depends on the link. The model
-follows BBR's idea at request granularity: the delivery rate (bytes of completed background
-requests per second, over a short sliding window) and the least latency of a full-size
-request (over a long window) estimate the link's "request-delay product"; the target is that
-product times a gain: 2 while the rate is still growing (start-up, to find the ceiling), 1.25
-once it has stopped (steady state, a little queue but not a long one, so demand reads are not
-stuck behind a deep queue of prefetches).
+A long link is full only when ``bytes in flight >= rate x round trip``, and one HTTP request
+on one connection sees at most ``window / RTT`` (4 MiB / 900 ms is under 5 MB/s), so the
+spoke keeps many requests going at once. How many depends on the link, the hub and this
+machine, so it is found by measurement rather than assumed:
+
+- The **delivery rate** is the bytes of finished background requests per second over one
+  probe interval; the **request latency** is the median of recent requests. A probe
+  interval lasts at least two median latencies, so each setting is judged on requests that
+  started and finished under it.
+- **Probing.** While background work is waiting for a slot, the limit grows by half each
+  interval as long as the rate keeps improving by more than ``_BETTER``; when it stops
+  improving, the limit returns to the best setting seen and holds for ``_HOLD`` intervals,
+  then probes again (the link may have grown). The best rate decays slowly so a link that
+  got slower is re-measured. With no work waiting, the limit is not what limits the rate,
+  and nothing changes.
+
+The limit stays within ``[min_requests, max_requests]``; ``max_requests x request_bytes`` is
+the memory bound on response bodies in flight.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
 
-_RATE_WINDOW_S = 2.0
-_LATENCY_WINDOW_S = 60.0
-_STARTUP_GAIN = 2.0
-_STEADY_GAIN = 1.25
-_GROWTH = 1.25  # the rate "still grows" while it beat the best by this much recently
-_GROWTH_WINDOW_S = 3.0
+_BETTER = 1.05
+_GROW = 1.5
+_HOLD = 8
+_DECAY = 0.98
+_MIN_INTERVAL_S = 0.5
+_LATENCY_SAMPLES = 64
 
 
 @dataclass(frozen=True, slots=True)
 class LinkEstimate:
-    rate_bps: float  # bytes per second delivered
-    latency_s: float  # least latency of a full-size request
-    target_requests: int
+    rate_bps: float  # bytes per second delivered in the last interval
+    latency_s: float  # median latency of recent background requests
+    limit: int  # background requests allowed in flight
 
 
 class LinkModel:
-    """Delivery-rate and latency estimates of background requests, and the concurrency target.
+    """Rate and latency of background requests, and the in-flight limit that maximises rate."""
 
-    Attributes:
-        request_bytes: the standard size of one background request.
-        min_requests, max_requests: bounds on the target (max = memory bound / request size).
-    """
-
-    def __init__(self, request_bytes: int, min_requests: int, max_requests: int) -> None:
-        self.request_bytes = request_bytes
+    def __init__(self, min_requests: int, max_requests: int, initial: int) -> None:
         self.min_requests = min_requests
         self.max_requests = max_requests
-        self._done: deque[tuple[float, int]] = deque()
-        self._latencies: deque[tuple[float, float]] = deque()
+        self.limit = initial
+        self._latencies: deque[float] = deque(maxlen=_LATENCY_SAMPLES)
+        self._bytes = 0
+        self._interval_start = time.monotonic()
         self._best_rate = 0.0
-        self._best_at = 0.0
+        self._best_limit = initial
+        self._hold = 0
+        self.last = LinkEstimate(0.0, 0.0, initial)
 
-    def record(self, nbytes: int, seconds: float, now: float | None = None) -> None:
+    def record(self, nbytes: int, seconds: float) -> None:
         """One background request finished: ``nbytes`` in ``seconds``."""
-        now = time.monotonic() if now is None else now
-        self._done.append((now, nbytes))
-        if nbytes >= self.request_bytes // 2:
-            while self._latencies and self._latencies[-1][1] >= seconds:
-                self._latencies.pop()  # a monotonic deque keeps the windowed minimum
-            self._latencies.append((now, seconds))
+        self._bytes += nbytes
+        self._latencies.append(seconds)
 
-    def estimate(self, current_requests: int, now: float | None = None) -> LinkEstimate:
-        """The concurrency to aim for now (``current_requests`` if nothing is known yet)."""
+    def update(self, work_waiting: bool, now: float | None = None) -> LinkEstimate:
+        """Called often; at the end of each probe interval, judge it and set the new limit."""
         now = time.monotonic() if now is None else now
-        while self._done and self._done[0][0] < now - _RATE_WINDOW_S:
-            self._done.popleft()
-        while self._latencies and self._latencies[0][0] < now - _LATENCY_WINDOW_S:
-            self._latencies.popleft()
-        rate = sum(n for _, n in self._done) / _RATE_WINDOW_S
-        if not self._latencies or rate <= 0:
-            return LinkEstimate(rate, 0.0, current_requests)
-        if rate > self._best_rate * _GROWTH or now - self._best_at > _LATENCY_WINDOW_S:
-            self._best_rate, self._best_at = rate, now  # growing, or the old best is stale
-        self._best_rate = max(self._best_rate, rate)
-        growing = now - self._best_at < _GROWTH_WINDOW_S
-        gain = _STARTUP_GAIN if growing else _STEADY_GAIN
-        latency = self._latencies[0][1]
-        want = math.ceil(gain * self._best_rate * latency / self.request_bytes)
-        return LinkEstimate(rate, latency, max(self.min_requests, min(self.max_requests, want)))
+        latency = statistics.median(self._latencies) if self._latencies else 0.0
+        elapsed = now - self._interval_start
+        if elapsed < max(_MIN_INTERVAL_S, 2 * latency):
+            return self.last
+        rate = self._bytes / elapsed
+        self._bytes = 0
+        self._interval_start = now
+        if work_waiting:
+            self._probe(rate)
+        self.last = LinkEstimate(rate, latency, self.limit)
+        return self.last
+
+    def _probe(self, rate: float) -> None:
+        self._best_rate *= _DECAY
+        if rate > self._best_rate * _BETTER:
+            self._best_rate, self._best_limit = rate, self.limit
+            self._hold = 0
+            self.limit = self._clamp(math.ceil(self.limit * _GROW))
+        elif self._hold < _HOLD:
+            self._hold += 1
+            self.limit = self._best_limit
+        else:  # held long enough at the best setting: look for more again
+            self._hold = 0
+            self.limit = self._clamp(math.ceil(self._best_limit * _GROW))
+
+    def _clamp(self, n: int) -> int:
+        return max(self.min_requests, min(self.max_requests, n))

@@ -18,9 +18,10 @@ responses in flight, at most ``max_inflight_bytes``):
    (many files per round trip), up to half the cache, skipping what is cached.
 
 Priority: demand reads never wait for a prefetch slot (they go to the hub directly, see
-``fetcher``). Background requests share one limiter whose size follows ``LinkModel`` (enough
-requests in flight to fill the link, not much more); directory fills may use at most half of
-it, so sequential streams keep flowing.
+``fetcher``). Background requests share one limiter whose size ``LinkModel`` finds by
+measuring the delivery rate (enough requests in flight to fill the link, no more than
+helps); directory fills may hold at most half of the largest limit, so sequential streams
+keep flowing.
 
 Concurrency: ``on_open``/``on_read`` are synchronous (called from FUSE handlers; they only
 update state and ``send_nowait`` jobs: a full queue drops the hint and counts it). Workers
@@ -97,8 +98,9 @@ class Prefetcher:
         self._jobs_tx, self._jobs_rx = trio.open_memory_channel[_Job](_QUEUED_JOBS)
         self._dirs_tx, self._dirs_rx = trio.open_memory_channel[int](64)
         self._dirs: OrderedDict[int, _DirState] = OrderedDict()
-        self.model = LinkModel(cfg.request_bytes, 4, cfg.max_inflight_bytes // cfg.request_bytes)
-        self._limiter = trio.CapacityLimiter(8)
+        max_requests = max(1, cfg.max_inflight_bytes // cfg.request_bytes)
+        self.model = LinkModel(min(8, max_requests), max_requests, min(16, max_requests))
+        self._limiter = trio.CapacityLimiter(self.model.limit)
         self._dir_slots = trio.Semaphore(self.model.max_requests // 2)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -238,7 +240,11 @@ class Prefetcher:
         """Size the background limiter to the link, a few times a second."""
         while True:
             await trio.sleep(_CONTROL_INTERVAL_S)
-            est = self.model.estimate(int(self._limiter.total_tokens))
-            if est.target_requests != self._limiter.total_tokens:
-                self._limiter.total_tokens = est.target_requests
-            metrics.PREFETCH_INFLIGHT_LIMIT.set(est.target_requests)
+            waiting = (
+                self._limiter.statistics().tasks_waiting > 0
+                or self._jobs_rx.statistics().current_buffer_used > 0
+            )
+            est = self.model.update(waiting)
+            if est.limit != self._limiter.total_tokens:
+                self._limiter.total_tokens = est.limit
+            metrics.PREFETCH_INFLIGHT_LIMIT.set(est.limit)

@@ -60,9 +60,11 @@ class Reader:
     async def _fill(self, fv: FileVersion, first: int, last: int, blocks: dict[int, bytes]) -> None:
         """Add blocks ``first..last`` to ``blocks``, from the hub or from others' fetches."""
         lo, hi = (0, fv.blocks() - 1) if fv.size <= self._small else (first, last)
+        first_try = True
         while len(blocks) < last - first + 1:
             missing = [i for i in range(lo, hi + 1) if i not in blocks]
-            got = await self._fetcher.demand(fv, missing)
+            got = await self._fetcher.demand(fv, missing, skip_recent=first_try)
+            first_try = False
             blocks.update((i, b) for i, b in got.items() if first <= i <= last)
             if len(blocks) < last - first + 1:  # others fetched some: look in the cache again
                 blocks.update(

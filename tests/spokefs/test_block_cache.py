@@ -8,15 +8,15 @@ from spokefs.block_cache import BlockCache
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS
 
 
-def blocks_of(data: bytes, indexes: range) -> dict[int, bytes]:
-    return {i: data[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE] for i in indexes}
+def blocks_of(data: bytes, indexes: range) -> list[tuple[int, bytes]]:
+    return [(indexes.start, data[indexes.start * BLOCK_SIZE : indexes.stop * BLOCK_SIZE])]
 
 
 async def test_put_get_roundtrip_with_partial_chunks(tmp_path):
     data = os.urandom(BLOCK_SIZE * 40 + 123)  # last block is short
     cache = BlockCache(tmp_path, 64 << 20)
-    await cache.put_blocks(7, 1, blocks_of(data, range(3, 5)))
-    await cache.put_blocks(7, 1, blocks_of(data, range(30, 41)))
+    await cache.put_runs(7, 1, blocks_of(data, range(3, 5)))
+    await cache.put_runs(7, 1, blocks_of(data, range(30, 41)))
     got = await cache.get_blocks(7, 1, 0, 40)
     assert sorted(got) == [3, 4, *range(30, 41)]
     for i, b in got.items():
@@ -29,7 +29,7 @@ async def test_put_get_roundtrip_with_partial_chunks(tmp_path):
 async def test_persists_across_reopen(tmp_path):
     data = os.urandom(BLOCK_SIZE * 20)
     cache = BlockCache(tmp_path, 64 << 20)
-    await cache.put_blocks(9, 9, blocks_of(data, range(20)))
+    await cache.put_runs(9, 9, blocks_of(data, range(20)))
     used = cache.statistics().bytes_used
     cache.close()
     cache = BlockCache(tmp_path, 64 << 20)
@@ -44,7 +44,7 @@ async def test_full_cache_evicts_and_stays_under_quota(tmp_path):
     chunk = BLOCK_SIZE * CHUNK_BLOCKS
     for fid in range(2, 60):
         data = os.urandom(chunk)
-        await cache.put_blocks(fid, 1, blocks_of(data, range(CHUNK_BLOCKS)))
+        await cache.put_runs(fid, 1, blocks_of(data, range(CHUNK_BLOCKS)))
         assert cache.statistics().bytes_used <= quota
     assert cache.statistics().bytes_used > quota // 2
     # the oldest are gone, the newest are there
@@ -56,7 +56,7 @@ async def test_full_cache_evicts_and_stays_under_quota(tmp_path):
 async def test_corrupt_block_is_dropped_and_reported_missing(tmp_path):
     data = os.urandom(BLOCK_SIZE * 4)
     cache = BlockCache(tmp_path, 64 << 20)
-    await cache.put_blocks(5, 5, blocks_of(data, range(4)))
+    await cache.put_runs(5, 5, blocks_of(data, range(4)))
     cache.close()
     # flip one byte of block 2 inside the stored value, behind the cache's back
     env = lmdb.open(str(tmp_path), max_dbs=3)
@@ -71,6 +71,6 @@ async def test_corrupt_block_is_dropped_and_reported_missing(tmp_path):
     got = await cache.get_blocks(5, 5, 0, 3)
     assert sorted(got) == [0, 1, 3]
     assert sorted(await cache.get_blocks(5, 5, 0, 3)) == [0, 1, 3]  # dropped, not re-reported
-    await cache.put_blocks(5, 5, blocks_of(data, range(2, 3)))
+    await cache.put_runs(5, 5, blocks_of(data, range(2, 3)))
     assert (await cache.get_blocks(5, 5, 2, 2))[2] == data[2 * BLOCK_SIZE : 3 * BLOCK_SIZE]
     cache.close()
