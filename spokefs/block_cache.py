@@ -151,6 +151,12 @@ class BlockCache:
             self._complete_sync, files, limiter=self._read_limiter
         )
 
+    async def cached_bytes(self, files: list[FileVersion]) -> int:
+        """Bytes of these file versions held in the cache (headers only, one thread hop)."""
+        return await trio.to_thread.run_sync(
+            self._cached_bytes_sync, files, limiter=self._read_limiter
+        )
+
     async def put_runs(self, file_id: int, version: int, runs: list[tuple[int, bytes]]) -> None:
         """Store runs of blocks: ``(first block index, contiguous bytes)``, one transaction.
 
@@ -196,6 +202,21 @@ class BlockCache:
                 f for f in files
                 if all(self._chunk_full(txn, f, ci) for ci in range(f.chunks()))
             }
+
+    def _cached_bytes_sync(self, files: list[FileVersion]) -> int:
+        total = 0
+        with self._env.begin(buffers=True) as txn:
+            for f in files:
+                last_ci, last_slot = divmod(f.blocks() - 1, CHUNK_BLOCKS)
+                for ci in range(f.chunks()):
+                    raw = txn.get(_KEY.pack(f.file_id, f.version, ci), db=self._chunks)
+                    if raw is None:
+                        continue
+                    bitmap = _HEAD.unpack_from(raw)[0]
+                    total += bitmap.bit_count() * BLOCK_SIZE
+                    if ci == last_ci and bitmap >> last_slot & 1:
+                        total -= f.blocks() * BLOCK_SIZE - f.size  # the short last block
+        return total
 
     def _chunk_full(self, txn: lmdb.Transaction, fv: FileVersion, ci: int) -> bool:
         want = min(CHUNK_BLOCKS, fv.blocks() - ci * CHUNK_BLOCKS)

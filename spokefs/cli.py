@@ -1,4 +1,4 @@
-"""Command line: ``spokefs mount`` and ``spokefs umount``.
+"""Command line: ``spokefs mount``, ``umount``, ``status``, ``refresh`` and ``warm``.
 
 The only module that reads argv and files named on the command line; it builds a frozen
 ``SpokeConfig``. User errors print one line ``spokefs: error: ...`` and exit 1 (usage errors
@@ -21,7 +21,8 @@ from urllib.parse import urlsplit
 
 import trio
 
-from spokefs.config import SpokeConfig
+from spokefs import commands
+from spokefs.config import PrefetchConfig, SpokeConfig
 from spokefs.errors import UserError
 from spokefs.mounttab import find_mount
 from spokefs.namespace import NamespaceInfo
@@ -55,7 +56,9 @@ def _hub_url(text: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="spokefs", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="spokefs", description="A read-only caching FUSE filesystem for a far-away dataset."
+    )
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("mount", help="mount a hub's export (foreground unless --daemon)")
     m.add_argument("hub_url", help="hubd base URL, e.g. http://hub:8600")
@@ -75,9 +78,19 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper)
     m.add_argument("--log-file", type=Path, help="log here (with --daemon, else stderr)")
+    m.add_argument("--refresh-interval", type=float, default=60.0,
+                   help="seconds between polls of the hub for changes; 0: only on refresh")
+    m.add_argument("--no-prefetch", action="store_true", help="turn read-ahead off")
     u = sub.add_parser("umount", help="unmount a spokefs mount")
     u.add_argument("mountpoint", type=Path)
     u.add_argument("--lazy", action="store_true", help="detach now even if busy (umount -l)")
+    st = sub.add_parser("status", help="cache use, hit ratio, and how much of PATH is cached")
+    st.add_argument("path", type=Path, nargs="?", default=Path("."))
+    r = sub.add_parser("refresh", help="poll the hub for namespace changes now")
+    r.add_argument("path", type=Path, help="the mount point or any path in it")
+    w = sub.add_parser("warm", help="fill the cache with files or whole trees")
+    w.add_argument("paths", type=Path, nargs="+")
+    w.add_argument("--jobs", type=int, default=8, help="files warmed at once (default 8)")
     return p
 
 
@@ -94,6 +107,8 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
             raise UserError(f"--token-file {args.token_file} is empty")
     if not 0 <= args.metrics_port <= 65535:
         raise UserError(f"--metrics-port {args.metrics_port} is not a port")
+    if args.refresh_interval < 0:
+        raise UserError("--refresh-interval must not be negative")
     for name in ("hub_deadline", "mount_deadline"):
         if getattr(args, name) <= 0:
             raise UserError(f"--{name.replace('_', '-')} must be positive")
@@ -103,6 +118,8 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
         uid=args.uid, gid=args.gid, metrics_port=args.metrics_port,
         metrics_addr=args.metrics_addr, token=token, hub_deadline_s=args.hub_deadline,
         mount_deadline_s=args.mount_deadline, daemon=args.daemon, log_level=args.log_level,
+        refresh_interval_s=args.refresh_interval,
+        prefetch=PrefetchConfig(enabled=not args.no_prefetch),
     )
 
 
@@ -182,6 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "umount":
             return _umount(args.mountpoint, args.lazy)
+        if args.command == "status":
+            return commands.status(args.path)
+        if args.command == "refresh":
+            return commands.refresh(args.path)
+        if args.command == "warm":
+            if args.jobs < 1:
+                raise UserError("--jobs must be at least 1")
+            return commands.warm(args.paths, args.jobs)
         cfg = _config(args)
         ready_fd = _daemonize() if cfg.daemon else None
         _setup_logging(cfg.log_level, args.log_file)

@@ -60,6 +60,8 @@ class SpokeConfig:
         hub_deadline_s: how long an uncached read keeps retrying before EIO.
         hub_request_timeout_s: one HTTP request, connect to last byte.
         mount_deadline_s: how long ``mount`` tries to get the snapshot before it gives up.
+        refresh_interval_s: how often the namespace polls the hub for changes (0: never,
+            only on ``spokefs refresh``).
         hub_max_connections: HTTP connections kept to the hub.
         fuse_max_tasks: concurrent FUSE requests pyfuse3 may run.
         kernel_readahead_kib: the mount's kernel read-ahead (see mount.set_kernel_readahead).
@@ -79,6 +81,7 @@ class SpokeConfig:
     hub_deadline_s: float = 60.0
     hub_request_timeout_s: float = 30.0
     mount_deadline_s: float = 5.0
+    refresh_interval_s: float = 60.0
     hub_max_connections: int = 160  # background requests (up to 128) + demand reads
     fuse_max_tasks: int = 64
     attr_timeout_s: float = 3600.0

@@ -69,6 +69,10 @@ class HubUnauthorized(HubProtocolError):
     """The hub refused our token (401)."""
 
 
+class GenerationGone(HubProtocolError):
+    """The hub cannot list changes since our generation (410): take a full snapshot."""
+
+
 class CorruptBlock(SpokeError):
     code = errno.EIO
 

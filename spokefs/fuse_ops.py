@@ -17,8 +17,10 @@ import stat
 import pyfuse3
 
 from spokefs.config import BLOCK_SIZE, SpokeConfig
+from spokefs.control import PREFIX, Control
 from spokefs.errors import NotADir, ReadOnly, fuse_errors
 from spokefs.namespace import Attr, Namespace
+from spokefs.page_cache import PageCachePolicy
 from spokefs.prefetcher import Stream
 from spokefs.reader import Reader
 from spokefs.types import FileVersion
@@ -40,14 +42,18 @@ class SpokeOps(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, namespace: Namespace, reader: Reader, cfg: SpokeConfig) -> None:
+    def __init__(
+        self, namespace: Namespace, reader: Reader, control: Control | None, cfg: SpokeConfig
+    ) -> None:
         super().__init__()
         self._ns = namespace
         self._reader = reader
+        self._control = control
         self._uid = cfg.uid
         self._gid = cfg.gid
         self._timeout = cfg.attr_timeout_s
         self._fh = itertools.count(1)
+        self._pages = PageCachePolicy()
         self.handles: dict[int, Stream] = {}
 
     def _entry(self, a: Attr) -> pyfuse3.EntryAttributes:
@@ -126,8 +132,10 @@ class SpokeOps(pyfuse3.Operations):
     async def getxattr(
         self, inode: pyfuse3.InodeT, name: pyfuse3.XAttrNameT, ctx: pyfuse3.RequestContext
     ) -> bytes:
-        self._ns.getattr(inode)  # ENOENT for a vanished inode, else no such attribute
-        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        attr = self._ns.getattr(inode)  # ENOENT for a vanished inode
+        if self._control is None or not name.startswith(PREFIX):
+            raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        return await self._control.getxattr(attr, name)
 
     @fuse_errors
     async def listxattr(
@@ -149,9 +157,10 @@ class SpokeOps(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         fh = next(self._fh)
         self.handles[fh] = self._reader.open(FileVersion(a.file_id, a.version, a.size), a.parent_id)
-        # keep_cache: a (file_id, version) never changes its bytes, so the kernel's page
-        # cache stays valid across opens until the version changes.
-        return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(fh), keep_cache=True)
+        mode = self._pages.on_open(a.ino, a.version)
+        return pyfuse3.FileInfo(
+            fh=pyfuse3.FileHandleT(fh), keep_cache=mode.keep_cache, direct_io=mode.direct_io
+        )
 
     @fuse_errors
     async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
@@ -162,6 +171,7 @@ class SpokeOps(pyfuse3.Operations):
         stream = self.handles.pop(fh, None)
         if stream is not None:
             self._reader.close(stream)
+            self._pages.on_release(self._ns.inode(stream.fv.file_id), stream.fv.version)
 
     async def flush(self, fh: pyfuse3.FileHandleT) -> None:
         return None

@@ -28,6 +28,7 @@ from hubd import wire
 from spokefs import metrics
 from spokefs.errors import (
     CorruptBlock,
+    GenerationGone,
     HubProtocolError,
     HubUnauthorized,
     HubUnavailable,
@@ -115,6 +116,24 @@ class HubClient:
         # The deadline bounds the attempts, not the transfer: a large namespace over a slow
         # link takes as long as it takes, and httpx's read timeout catches a stalled one.
         return await self._with_retries("snapshot", attempt, deadline_s, bound_attempt=False)
+
+    async def fetch_changes(self, since: int, *, deadline_s: float | None = None) -> bytes:
+        """The compressed changes since generation ``since``.
+
+        Raises:
+            GenerationGone: the hub no longer knows that generation (take a snapshot).
+        """
+
+        async def attempt() -> bytes:
+            resp = await self._http.get(wire.CHANGES_PATH, params={"since": str(since)})
+            if resp.status_code == 410:
+                metrics.HUB_REQUESTS.labels(kind="changes", status="410").inc()
+                raise GenerationGone(f"hub has no changes since generation {since}")
+            self._check_status(resp, "changes")
+            metrics.LINK_BYTES.inc(len(resp.content))
+            return resp.content
+
+        return await self._with_retries("changes", attempt, deadline_s, bound_attempt=False)
 
     async def fetch_range(self, file_id: int, version: int, start: int, length: int) -> bytes:
         """Exactly ``length`` bytes of one version of a file, starting at ``start``.

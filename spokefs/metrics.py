@@ -39,6 +39,8 @@ LINK_BYTES = Counter("spokefs_link_bytes_total", "Body bytes received over the f
 
 NAMESPACE_ENTRIES = Gauge("spokefs_namespace_entries", "Entries in the replicated namespace")
 NAMESPACE_GENERATION = Gauge("spokefs_namespace_generation", "Generation of the namespace")
+NAMESPACE_BYTES = Gauge("spokefs_namespace_bytes", "Bytes of all files in the namespace")
+REFRESH_ERRORS = Counter("spokefs_namespace_refresh_errors_total", "Failed namespace refreshes")
 
 FUSE_ERRORS = Counter("spokefs_fuse_errors_total", "Errors returned to FUSE", ["op", "errno"])
 INTERNAL_ERRORS = Counter("spokefs_internal_errors_total", "Bugs caught at the FUSE boundary", ["op"])

@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import stat
-import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -23,11 +22,10 @@ import pyfuse3
 import trio
 from prometheus_client import start_http_server
 
-from hubd import wire
-from spokefs import metrics
 from spokefs.block_cache import BlockCache
 from spokefs.config import SpokeConfig
-from spokefs.errors import HubProtocolError, HubUnavailable, UserError
+from spokefs.control import Control
+from spokefs.errors import UserError
 from spokefs.fetcher import Fetcher
 from spokefs.fuse_ops import SpokeOps
 from spokefs.hub_client import HubClient
@@ -35,6 +33,7 @@ from spokefs.mounttab import find_mount
 from spokefs.namespace import Namespace, NamespaceInfo
 from spokefs.prefetcher import Prefetcher
 from spokefs.reader import Reader
+from spokefs.refresher import Refresher
 from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)
@@ -59,29 +58,6 @@ def check_mountpoint(cfg: SpokeConfig) -> None:
         raise UserError(f"mountpoint {mnt} is busy: something is already mounted there")
     if not os.path.exists("/dev/fuse"):
         raise UserError("/dev/fuse is missing: load the fuse kernel module (modprobe fuse)")
-
-
-async def replicate_namespace(hub: HubClient, ns: Namespace, cfg: SpokeConfig) -> NamespaceInfo:
-    """Fetch the hub's snapshot and load it into the local namespace."""
-    started = time.monotonic()
-    try:
-        compressed = await hub.fetch_snapshot(deadline_s=cfg.mount_deadline_s)
-    except HubUnavailable as exc:
-        raise UserError(f"cannot reach the hub at {cfg.hub_url}: {exc.__cause__}") from None
-    except HubProtocolError as exc:
-        raise UserError(f"the hub at {cfg.hub_url} refused the snapshot: {exc}") from None
-    try:
-        info = await trio.to_thread.run_sync(ns.load_snapshot, compressed)
-    except wire.WireError as exc:
-        raise UserError(f"the hub at {cfg.hub_url} sent a bad snapshot: {exc}") from None
-    metrics.NAMESPACE_ENTRIES.set(info.entries)
-    metrics.NAMESPACE_GENERATION.set(info.generation)
-    log.info(
-        "snapshot loaded: entries=%d generation=%d bytes=%d compressed=%d seconds=%.2f",
-        info.entries, info.generation, info.total_bytes, len(compressed),
-        time.monotonic() - started,
-    )
-    return info
 
 
 def _dir_lister(ns: Namespace) -> Callable[[int], Awaitable[list[FileVersion]]]:
@@ -110,7 +86,8 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
         )
         ns = Namespace(cfg.cache_dir / "namespace")
         stack.callback(ns.close)
-        info = await replicate_namespace(hub, ns, cfg)
+        refresher = Refresher(hub, ns, cfg.refresh_interval_s, cfg.mount_deadline_s)
+        info = await refresher.replicate()
         cache = BlockCache(cfg.cache_dir / "blocks", cfg.cache_max_bytes)
         stack.callback(cache.close)
         fetcher = Fetcher(cache, hub)
@@ -119,7 +96,8 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             prefetcher = Prefetcher(
                 fetcher, _dir_lister(ns), cfg.prefetch, cfg.cache_max_bytes
             )
-        ops = SpokeOps(ns, Reader(fetcher, prefetcher, cfg.prefetch.small_file_bytes), cfg)
+        reader = Reader(fetcher, prefetcher, cfg.prefetch.small_file_bytes)
+        ops = SpokeOps(ns, reader, Control(ns, reader, refresher), cfg)
         _start_metrics(cfg)
         try:
             pyfuse3.init(ops, str(cfg.mountpoint), _fuse_options(cfg))
@@ -132,6 +110,8 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             on_ready(info)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_terminate_on_signal)
+                refresher.mounted = True
+                await nursery.start(refresher.run)
                 if prefetcher is not None:
                     await nursery.start(prefetcher.run)
                 await pyfuse3.main(min_tasks=2, max_tasks=cfg.fuse_max_tasks)

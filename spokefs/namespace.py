@@ -11,12 +11,18 @@ entries are adjacent):
 | db     | key                        | value                                        |
 | ------ | -------------------------- | -------------------------------------------- |
 | attr   | id                         | ``_ATTR`` (mode, size, mtime_ns, nlink, version, parent) + symlink target |
-| dent   | parent id + name           | child id                                     |
+| dent   | parent id + name           | child id + position (u32)                    |
 | dpos   | parent id + position (u32) | child id + name (readdir resumes at a position) |
 | info   | b"generation" etc.         | values of the loaded snapshot                |
 
-A snapshot is loaded in one write transaction, so a crash leaves either the old namespace or
-the new one, never a mix. Reads are small gets on a memory map and run inline on the trio
+A snapshot, or a batch of changes, is applied in one write transaction, so a crash leaves
+either the old namespace or the new one, never a mix. Positions only grow: a directory's
+entries keep their readdir offsets across changes, and new names go at the end.
+
+Changes (``apply_changes``) follow ``wire``'s rules: REMOVE unlinks one name and is never
+recursive; UPSERT sets one name to an entry. An inode that loses its last name keeps its
+attributes, so a file open across its removal can still be stat'ed and read (its bytes
+come from its own version); such orphans are small and stay until the next full snapshot. Reads are small gets on a memory map and run inline on the trio
 thread (STYLE.md section 5); the load runs in a worker thread.
 """
 
@@ -38,6 +44,7 @@ _ID = struct.Struct(">Q")
 _POS = struct.Struct(">QI")
 _ATTR = struct.Struct("<IQqIQQ")
 _U64 = struct.Struct("<Q")
+_POS_ONLY = struct.Struct(">I")
 _MAP_SIZE = 1 << 36  # 64 GiB of address space; the file grows only as entries need
 
 
@@ -62,6 +69,35 @@ class NamespaceInfo:
     root_id: int
     entries: int
     total_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What ``apply_changes`` changed, for the kernel's caches to forget.
+
+    Attributes:
+        info: the namespace after the changes.
+        names: (parent inode, name) of every name removed or pointed elsewhere.
+        inodes: inodes whose attributes or bytes changed.
+        records: how many change records were applied.
+    """
+
+    info: NamespaceInfo
+    names: list[tuple[int, bytes]]
+    inodes: list[int]
+    records: int
+
+
+@dataclass(slots=True)
+class _Batch:
+    """Running totals of one ``apply_changes`` transaction."""
+
+    entries: int
+    total: int
+    names: list[tuple[int, bytes]]
+    inodes: set[int]
+    unlinked: dict[int, int]  # file id -> size, for files whose name was removed
+    next_pos: dict[int, int]
 
 
 class Namespace:
@@ -89,10 +125,24 @@ class Namespace:
         Raises:
             wire.WireError: the snapshot is malformed or hostile; nothing is changed.
         """
+        return self.reload_snapshot(compressed).info
+
+    def reload_snapshot(self, compressed: bytes) -> Applied:
+        """Replace the namespace with a snapshot; report what the kernel must forget.
+
+        Without a change list, the kernel's caches are flushed wholesale: every name in the
+        root (forgetting a directory's name prunes its whole cached subtree) and every file
+        whose version changed or vanished (its cached pages hold the old bytes).
+        """
+        old_versions: dict[int, int] = {}
+        old_roots: list[bytes] = []
         decoder = wire.SnapshotDecoder()
         positions: dict[int, int] = {}
         total = count = 0
         with self._env.begin(write=True) as txn:
+            if self.info is not None:
+                old_versions = self._file_versions(txn)
+                old_roots = self._names_in(txn, self.info.root_id)
             for db in (self._attr, self._dent, self._dpos, self._info):
                 txn.drop(db, delete=False)
             step = 1 << 20
@@ -103,14 +153,31 @@ class Namespace:
                     total += e.size if not e.is_dir else 0
             header = decoder.finish()
             info = NamespaceInfo(header.generation, header.root_id, count, total)
-            for key, value in (
-                (b"generation", info.generation), (b"root", info.root_id),
-                (b"entries", info.entries), (b"total_bytes", info.total_bytes),
-            ):
-                txn.put(key, _U64.pack(value), db=self._info)
+            self._put_info(txn, info)
+            new_versions = self._file_versions(txn) if old_versions else {}
         # an exception above aborts the transaction: the old namespace stays
         self.info = info
-        return info
+        stale = [fid for fid, ver in old_versions.items() if new_versions.get(fid) != ver]
+        return Applied(info, [(ROOT_INODE, n) for n in old_roots], stale, count)
+
+    def _names_in(self, txn: lmdb.Transaction, dir_id: int) -> list[bytes]:
+        prefix = _ID.pack(dir_id)
+        cur = txn.cursor(db=self._dent)
+        names = []
+        if cur.set_range(prefix):
+            for key in cur.iternext(values=False):
+                if key[:8] != prefix:
+                    break
+                names.append(key[8:])
+        return names
+
+    def _file_versions(self, txn: lmdb.Transaction) -> dict[int, int]:
+        out = {}
+        for key, raw in txn.cursor(db=self._attr):
+            mode, _, _, _, version, _ = _ATTR.unpack_from(raw)
+            if stat.S_ISREG(mode):
+                out[_ID.unpack(key)[0]] = version
+        return out
 
     def _put_entry(self, txn: lmdb.Transaction, e: wire.Entry, positions: dict[int, int]) -> None:
         attr = _ATTR.pack(e.mode, e.size, e.mtime_ns, e.nlink, e.version, e.parent_id)
@@ -118,11 +185,130 @@ class Namespace:
         if e.parent_id == 0:
             return
         child = _ID.pack(e.file_id)
-        if not txn.put(_ID.pack(e.parent_id) + e.name, child, overwrite=False, db=self._dent):
-            raise wire.WireError(f"name {e.name[:40]!r} listed twice in {e.parent_id:x}")
         pos = positions.get(e.parent_id, 0)
+        dent = child + _POS_ONLY.pack(pos)
+        if not txn.put(_ID.pack(e.parent_id) + e.name, dent, overwrite=False, db=self._dent):
+            raise wire.WireError(f"name {e.name[:40]!r} listed twice in {e.parent_id:x}")
         positions[e.parent_id] = pos + 1
         txn.put(_POS.pack(e.parent_id, pos), child + e.name, db=self._dpos)
+
+    def apply_changes(self, compressed: bytes) -> Applied:
+        """Apply a changes answer from the hub (blocking; run in a thread).
+
+        Raises:
+            wire.WireError: malformed, hostile, or not based on this namespace's generation
+                (the caller then loads a full snapshot); nothing is changed.
+        """
+        if self.info is None:
+            raise wire.WireError("no namespace to apply changes to")
+        info = self.info
+        decoder = wire.ChangesDecoder()
+        batch = _Batch(info.entries, info.total_bytes, [], set(), {}, {})
+        count = 0
+        with self._env.begin(write=True) as txn:
+            step = 1 << 20
+            for i in range(0, len(compressed), step):
+                for rec in decoder.feed(compressed[i : i + step]):
+                    if decoder.header is not None and (
+                        decoder.header.from_generation != info.generation
+                        or decoder.header.root_id != info.root_id
+                    ):
+                        raise wire.WireError("changes are not based on this namespace")
+                    if isinstance(rec, wire.Remove):
+                        self._remove(txn, rec.parent_id, rec.name, batch)
+                    else:
+                        self._upsert(txn, rec.entry, batch)
+                    count += 1
+            header = decoder.finish()
+            if header.from_generation != info.generation or header.root_id != info.root_id:
+                raise wire.WireError("changes are not based on this namespace")
+            for fid, size in batch.unlinked.items():
+                raw = txn.get(_ID.pack(fid), db=self._attr)
+                if raw is not None and _ATTR.unpack_from(raw)[3] <= 1:
+                    batch.total -= size  # its last name is gone
+            new = NamespaceInfo(header.to_generation, info.root_id, batch.entries, batch.total)
+            self._put_info(txn, new)
+        self.info = new
+        return Applied(new, batch.names, sorted(batch.inodes), count)
+
+    def _upsert(self, txn: lmdb.Transaction, e: wire.Entry, b: _Batch) -> None:
+        key = _ID.pack(e.file_id)
+        old = txn.get(key, db=self._attr)
+        if e.parent_id:
+            self._check_parent(txn, e)
+            self._link(txn, e, b)
+        if old is not None:
+            mode, size, mtime, nlink, version, _ = _ATTR.unpack_from(old)
+            if (mode, size, mtime, nlink, version) != (e.mode, e.size, e.mtime_ns, e.nlink, e.version):
+                b.inodes.add(self.inode(e.file_id))
+            b.total += (e.size if not e.is_dir else 0) - (size if not stat.S_ISDIR(mode) else 0)
+        elif not e.is_dir:
+            b.total += e.size
+        b.unlinked.pop(e.file_id, None)
+        attr = _ATTR.pack(e.mode, e.size, e.mtime_ns, e.nlink, e.version, e.parent_id)
+        txn.put(key, attr + e.target, db=self._attr)
+
+    def _check_parent(self, txn: lmdb.Transaction, e: wire.Entry) -> None:
+        raw = txn.get(_ID.pack(e.parent_id), db=self._attr)
+        if raw is None or not stat.S_ISDIR(_ATTR.unpack_from(raw)[0]):
+            raise wire.WireError(f"{e.name[:40]!r}: parent {e.parent_id:x} is not a directory")
+        if not e.is_dir:
+            return
+        node, depth = e.parent_id, 0
+        while node != self._root_id():  # a directory moved below itself would be a cycle
+            if node == e.file_id or depth > 100_000 or raw is None:
+                raise wire.WireError(f"directory {e.file_id:x} would be its own ancestor")
+            node = _ATTR.unpack_from(raw)[5]
+            raw = txn.get(_ID.pack(node), db=self._attr)
+            depth += 1
+
+    def _link(self, txn: lmdb.Transaction, e: wire.Entry, b: _Batch) -> None:
+        dkey = _ID.pack(e.parent_id) + e.name
+        child = _ID.pack(e.file_id)
+        dent = txn.get(dkey, db=self._dent)
+        if dent is not None:
+            if dent[:8] == child:
+                return
+            pos = _POS_ONLY.unpack_from(dent, 8)[0]  # the name now means another inode
+            b.names.append((self.inode(e.parent_id), e.name))
+        else:
+            pos = self._next_pos(txn, e.parent_id, b)
+            b.entries += 1
+        txn.put(dkey, child + _POS_ONLY.pack(pos), db=self._dent)
+        txn.put(_POS.pack(e.parent_id, pos), child + e.name, db=self._dpos)
+
+    def _remove(self, txn: lmdb.Transaction, parent: int, name: bytes, b: _Batch) -> None:
+        dkey = _ID.pack(parent) + name
+        dent = txn.get(dkey, db=self._dent)
+        if dent is None:
+            raise wire.WireError(f"remove of {name[:40]!r} in {parent:x}: no such name")
+        fid = _ID.unpack_from(dent)[0]
+        txn.delete(dkey, db=self._dent)
+        txn.delete(_POS.pack(parent, _POS_ONLY.unpack_from(dent, 8)[0]), db=self._dpos)
+        b.entries -= 1
+        b.names.append((self.inode(parent), name))
+        raw = txn.get(dent[:8], db=self._attr)
+        if raw is not None and not stat.S_ISDIR(_ATTR.unpack_from(raw)[0]):
+            b.unlinked[fid] = _ATTR.unpack_from(raw)[1]
+
+    def _next_pos(self, txn: lmdb.Transaction, parent: int, b: _Batch) -> int:
+        pos = b.next_pos.get(parent)
+        if pos is None:
+            cur = txn.cursor(db=self._dpos)
+            found = cur.set_range(_POS.pack(parent, 0xFFFFFFFF))
+            if (cur.prev() if found else cur.last()) and _POS.unpack(cur.key())[0] == parent:
+                pos = _POS.unpack(cur.key())[1] + 1
+            else:
+                pos = 0
+        b.next_pos[parent] = pos + 1
+        return pos
+
+    def _put_info(self, txn: lmdb.Transaction, info: NamespaceInfo) -> None:
+        for key, value in (
+            (b"generation", info.generation), (b"root", info.root_id),
+            (b"entries", info.entries), (b"total_bytes", info.total_bytes),
+        ):
+            txn.put(key, _U64.pack(value), db=self._info)
 
     def _read_info(self) -> NamespaceInfo | None:
         with self._env.begin() as txn:
@@ -155,11 +341,11 @@ class Namespace:
     def lookup(self, parent_ino: int, name: bytes) -> Attr:
         key = _ID.pack(self.file_id(parent_ino)) + name
         with self._env.begin() as txn:
-            child = txn.get(key, db=self._dent)
-            if child is None:
+            dent = txn.get(key, db=self._dent)
+            if dent is None:
                 raise NotFound(f"{name!r} in inode {parent_ino}")
-            fid = _ID.unpack(child)[0]
-            raw = txn.get(child, db=self._attr)
+            fid = _ID.unpack_from(dent)[0]
+            raw = txn.get(dent[:8], db=self._attr)
             if raw is None:
                 raise NotFound(f"inode of {name!r}")
             return self._decode(fid, raw)

@@ -167,6 +167,25 @@ class Prefetcher:
             return False
         return True
 
+    async def warm(self, fv: FileVersion) -> int:
+        """Fetch a whole file now, in parallel requests through the background limiter."""
+        fetched = 0
+
+        async def one(start: int) -> None:
+            nonlocal fetched
+            async with self._limiter:
+                began = time.monotonic()
+                nbytes = await self._fetcher.prefetch_range(
+                    fv, start, min(start + self._cfg.request_bytes, fv.size)
+                )
+                self.model.record(nbytes, time.monotonic() - began)
+                fetched += nbytes
+
+        async with trio.open_nursery() as nursery:
+            for start in range(0, fv.size, self._cfg.request_bytes):
+                nursery.start_soon(one, start)
+        return fetched
+
     # -- background work ------------------------------------------------------------
 
     async def _stream_worker(self, jobs: trio.MemoryReceiveChannel[_Job]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from spokefs import metrics
+from spokefs.block_cache import CacheStats
 from spokefs.config import BLOCK_SIZE
 from spokefs.fetcher import Fetcher
 from spokefs.prefetcher import Prefetcher, Stream
@@ -35,6 +36,19 @@ class Reader:
     def close(self, stream: Stream) -> None:
         if self._prefetcher is not None:
             self._prefetcher.on_close(stream)
+
+    async def warm(self, fv: FileVersion) -> int:
+        """Fetch a whole file into the cache at the link's speed; bytes fetched."""
+        if self._prefetcher is not None:
+            return await self._prefetcher.warm(fv)
+        return await self._fetcher.prefetch_range(fv, 0, fv.size) if fv.size else 0
+
+    async def cached_bytes(self, files: list[FileVersion]) -> int:
+        """How many bytes of these file versions are in the cache."""
+        return await self._fetcher.cache.cached_bytes(files)
+
+    def cache_statistics(self) -> CacheStats:
+        return self._fetcher.cache.statistics()
 
     async def read(self, stream: Stream, offset: int, size: int) -> bytes:
         """Exactly ``size`` bytes from ``offset``, fewer only at end of file."""

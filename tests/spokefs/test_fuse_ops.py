@@ -41,7 +41,7 @@ def ops(tmp_path: Path):
     fetcher = Fetcher(cache, FakeHub({(0x200, 9): DATA}))  # type: ignore[arg-type]
     reader = Reader(fetcher, None, 1 << 20)
     cfg = SpokeConfig("http://hub", tmp_path, tmp_path, 16 << 20, uid=7, gid=8)
-    yield SpokeOps(ns, reader, cfg)
+    yield SpokeOps(ns, reader, None, cfg)
     cache.close()
     ns.close()
 

@@ -77,3 +77,71 @@ def test_truncated_snapshot_is_rejected(tmp_path):
         ns.load_snapshot(blob[: len(blob) // 2])
     assert ns.info is None
     ns.close()
+
+
+def changes(frm: int, to: int, records: list[bytes]) -> bytes:
+    return wire.encode_changes(frm, to, ROOT, records, len(records))
+
+
+def loaded(tmp_path) -> Namespace:
+    ns = Namespace(tmp_path)
+    ns.load_snapshot(wire.encode_snapshot(7, ROOT, tree()))
+    return ns
+
+
+def test_changes_rename_grow_remove_and_new_dir(tmp_path):
+    ns = loaded(tmp_path)
+    before = [n for _, n, _ in ns.readdir(0x200, 0)]
+    applied = ns.apply_changes(changes(7, 9, [
+        wire.encode_remove(ROOT, b"a\nb"),                              # rename a\nb -> renamed
+        wire.encode_upsert(Entry(0x300, ROOT, REG, 5, 3, 2, 0xAA, b"renamed")),
+        wire.encode_upsert(Entry(0x1001, 0x200, REG, 99, 6, 1, 0xBB, b"f00001")),  # grown
+        wire.encode_remove(0x200, b"f00002"),                           # removed
+        wire.encode_upsert(Entry(0x900, ROOT, DIR, 0, 7, 2, 0, b"new")),  # new dir + child
+        wire.encode_upsert(Entry(0x901, 0x900, REG, 1, 7, 1, 1, b"x")),
+    ]))
+    assert applied.info.generation == 9 and applied.records == 6
+    with pytest.raises(NotFound):
+        ns.lookup(ROOT_INODE, b"a\nb")
+    assert ns.lookup(ROOT_INODE, b"renamed").ino == 0x300
+    grown = ns.lookup(0x200, b"f00001")
+    assert (grown.size, grown.version) == (99, 0xBB)
+    with pytest.raises(NotFound):
+        ns.lookup(0x200, b"f00002")
+    assert ns.lookup(ns.lookup(ROOT_INODE, b"new").ino, b"x").size == 1
+    # readdir positions of the untouched entries are stable; the removed one is gone
+    after = [n for _, n, _ in ns.readdir(0x200, 0)]
+    assert after == [n for n in before if n != b"f00002"]
+    assert (ROOT_INODE, b"a\nb") in applied.names and 0x1001 in applied.inodes
+    assert applied.info.entries == 505 - 1 + 1 - 1 + 2  # renamed, removed, new dir + child
+    ns.close()
+    assert Namespace(tmp_path).info == applied.info  # persisted
+
+
+@pytest.mark.parametrize(
+    "records",
+    [
+        [wire.encode_remove(ROOT, b"nope")],                                       # unknown name
+        [wire.encode_upsert(Entry(0x950, 0x300, REG, 1, 1, 1, 1, b"under-a-file"))],
+        [wire.encode_upsert(Entry(0x950, 0x999, REG, 1, 1, 1, 1, b"orphan"))],
+        [wire.encode_remove(ROOT, b"sub dir"),                                     # a cycle
+         wire.encode_upsert(Entry(0x960, 0x200, DIR, 0, 1, 2, 0, b"inner")),
+         wire.encode_upsert(Entry(0x200, 0x960, DIR, 0, 1, 2, 0, b"loop"))],
+    ],
+)
+def test_bad_changes_are_rejected_whole(tmp_path, records):
+    ns = loaded(tmp_path)
+    info = ns.info
+    with pytest.raises(wire.WireError):
+        ns.apply_changes(changes(7, 8, records))
+    assert ns.info == info
+    assert ns.lookup(ROOT_INODE, b"a\nb").ino == 0x300
+    ns.close()
+
+
+def test_changes_from_another_generation_are_rejected(tmp_path):
+    ns = loaded(tmp_path)
+    with pytest.raises(wire.WireError):
+        ns.apply_changes(changes(6, 8, [wire.encode_remove(ROOT, b"a\nb")]))
+    assert ns.lookup(ROOT_INODE, b"a\nb").ino == 0x300
+    ns.close()
