@@ -9,7 +9,7 @@ Middlewares, outermost first:
 3. ``auth`` (only with a token): every route but /healthz and /metrics needs
    ``Authorization: Bearer <token>``, else 401 before anything else is looked at.
 
-The ``RangeReader`` (and its thread pool) lives in ``cleanup_ctx``.
+The ``RangeReader`` and the ``ChangeFeed`` (and their thread pools) live in ``cleanup_ctx``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import hdrs, web
 
 from hubd import routes, wire
+from hubd.changes import ChangeFeed
 from hubd.config import HubConfig
 from hubd.errors import HubError, InternalError, MethodNotAllowed, RouteNotFound, Unauthorized
 from hubd.export_root import ExportRoot
@@ -46,9 +47,12 @@ def make_app(cfg: HubConfig, export: ExportRoot, metrics: HubMetrics) -> web.App
     app[routes.EXPORT] = export
     app[METRICS] = metrics
     app.cleanup_ctx.append(_reader_ctx)
+    app.cleanup_ctx.append(_feed_ctx)
     add = app.router.add_get
     add(wire.SNAPSHOT_PATH, routes.snapshot, allow_head=False)
+    add(wire.CHANGES_PATH, routes.changes, allow_head=False)
     add(wire.BLOB_PATH, routes.blob, allow_head=False)
+    app.router.add_post(wire.PACK_PATH, routes.pack)
     add(wire.HEALTH_PATH, routes.healthz)  # HEAD too, for load balancers
     add(wire.METRICS_PATH, metrics_handler, allow_head=False)
     return app
@@ -61,6 +65,14 @@ async def _reader_ctx(app: web.Application) -> AsyncIterator[None]:
     app[METRICS].reads_in_flight.set_function(lambda: reader.in_flight)
     yield
     await asyncio.get_running_loop().run_in_executor(None, reader.close)
+
+
+async def _feed_ctx(app: web.Application) -> AsyncIterator[None]:
+    cfg = app[routes.CONFIG]
+    feed = ChangeFeed(cfg.snapshot_zlib_level, cfg.changes_max_bytes)
+    app[routes.FEED] = feed
+    yield
+    await asyncio.get_running_loop().run_in_executor(None, feed.close)
 
 
 def error_response(exc: HubError) -> web.Response:

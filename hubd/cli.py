@@ -1,8 +1,13 @@
 """The hubd command line: argv -> HubConfig, logging set-up, exit codes.
 
-Exit codes: 0 after SIGTERM/SIGINT; 1 for start-up errors (ROOT missing, port busy,
-unreadable token file), one ``hubd: error: ...`` line on stderr; 2 for usage errors, one
-line too. Only this module reads argv and files named on the command line.
+    python3 -m hubd serve ROOT --listen HOST:PORT [--token-file F] [--log-level LEVEL]
+        [--max-concurrent-reads N] [--rescan-interval SECONDS]
+
+``--rescan-interval`` (default 60, 0: never) rescans ROOT that long after the previous
+scan ended; SIGHUP triggers a rescan at once (requests made during a scan coalesce into
+one more). Exit codes: 0 after SIGTERM/SIGINT; 1 for start-up errors (ROOT missing, port
+busy, unreadable token file), one ``hubd: error: ...`` line on stderr; 2 for usage
+errors, one line too. Only this module reads argv and files named on the command line.
 """
 
 from __future__ import annotations
@@ -43,6 +48,16 @@ def _positive(text: str) -> int:
     return int(text)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 365 * 86400:  # also rejects nan and inf
+        raise argparse.ArgumentTypeError(f"want a number of seconds >= 0, not {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hubd", description="Export a directory to spokefs over HTTP.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
@@ -57,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="default: INFO")
     srv.add_argument("--max-concurrent-reads", type=_positive, default=16, metavar="N",
                      help="range reads in flight, 1-4096 (read memory: N x 16 MiB); default: 16")
+    srv.add_argument("--rescan-interval", type=_seconds, default=60.0, metavar="SECONDS",
+                     help="rescan ROOT this long after the previous scan ends; 0: only on "
+                          "SIGHUP (which always triggers one); default: 60")
     return parser
 
 
@@ -76,7 +94,8 @@ def config_from_args(args: argparse.Namespace) -> HubConfig:
     host, port = args.listen
     token = read_token(args.token_file) if args.token_file else None
     return HubConfig(root=args.root, host=host, port=port, token=token,
-                     log_level=args.log_level, max_concurrent_reads=args.max_concurrent_reads)
+                     log_level=args.log_level, max_concurrent_reads=args.max_concurrent_reads,
+                     rescan_interval_s=args.rescan_interval)
 
 
 def _setup_logging(level: str) -> None:

@@ -42,6 +42,20 @@ class BadRange(HubError):
     reason = "bad-range"
 
 
+class BadPack(HubError):
+    """A pack body is malformed (empty, not whole records, too many) or names a non-file."""
+
+    status = 400
+    reason = "bad-pack"
+
+
+class BadGeneration(HubError):
+    """``since`` is missing, not a decimal number, or newer than the current generation."""
+
+    status = 400
+    reason = "bad-generation"
+
+
 class Unauthorized(HubError):
     """A token is configured and the request does not carry it."""
 
@@ -73,6 +87,13 @@ class MethodNotAllowed(HubError):
     reason = "method-not-allowed"
 
 
+class GenerationGone(HubError):
+    """The changes since that generation are not kept (unknown or too old): take a snapshot."""
+
+    status = 410
+    reason = "generation-gone"
+
+
 class StaleVersion(HubError):
     """The file id is known but the requested version is not the current one."""
 
@@ -100,6 +121,13 @@ class MultipleRanges(RangeNotSatisfiable):
     """hubd serves exactly one range per request."""
 
     reason = "multiple-ranges"
+
+
+class PackTooLarge(HubError):
+    """The files of one pack add up to more than ``wire.MAX_RANGE_BYTES``."""
+
+    status = 413
+    reason = "pack-too-large"
 
 
 class Overloaded(HubError):

@@ -11,7 +11,8 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest,
 )
 
-from hubd.export_root import Snapshot
+from hubd.export_root import Rescan
+from hubd.snapshot import Snapshot
 
 # Request latency buckets, seconds: from a cached small range on loopback (~1 ms) to a
 # 16 MiB range to a slow far-away client (tens of seconds).
@@ -27,8 +28,13 @@ class HubMetrics:
         request_seconds: hubd_request_seconds{route}, time to the last byte written.
         bytes_served: hubd_bytes_served_total{route}, body bytes (blobs and snapshots).
         reads_in_flight: hubd_reads_in_flight, requests holding a read slot.
+        pack_files: hubd_pack_files_total{result}, files asked for in packs, by result
+            (``served`` with bytes, ``gone``: unknown id or version not current).
+        pack_file_bytes: hubd_pack_file_bytes_total, file bytes served in packs.
         snapshot_*: the current snapshot's generation, entries and encoded size.
-        scan_seconds: hubd_scan_seconds, duration of the last scan (walk + encoding).
+        scan_seconds: hubd_scan_seconds, duration of the last scan (walk, diff, encoding).
+        rescans: hubd_rescans_total{result}: ``changed`` (a new generation), ``unchanged``,
+            ``failed``.
     """
 
     def __init__(self) -> None:
@@ -43,6 +49,11 @@ class HubMetrics:
                                     ["route"], registry=reg)
         self.reads_in_flight = Gauge("hubd_reads_in_flight",
                                      "Range reads holding a read slot", registry=reg)
+        self.pack_files = Counter("hubd_pack_files",
+                                  "Files asked for in pack requests, by result (served, gone)",
+                                  ["result"], registry=reg)
+        self.pack_file_bytes = Counter("hubd_pack_file_bytes",
+                                       "File bytes served in pack answers", registry=reg)
         self.snapshot_generation = Gauge("hubd_snapshot_generation",
                                          "Generation of the current snapshot", registry=reg)
         self.snapshot_entries = Gauge("hubd_snapshot_entries",
@@ -50,13 +61,23 @@ class HubMetrics:
         self.snapshot_bytes = Gauge("hubd_snapshot_bytes",
                                     "Compressed size of the current snapshot", registry=reg)
         self.scan_seconds = Gauge("hubd_scan_seconds",
-                                  "Duration of the last scan, walk plus encoding", registry=reg)
+                                  "Duration of the last scan: walk, diff and encoding",
+                                  registry=reg)
+        self.rescans = Counter("hubd_rescans", "Rescans, by result (changed, unchanged, failed)",
+                               ["result"], registry=reg)
 
     def observe_snapshot(self, snap: Snapshot) -> None:
         self.snapshot_generation.set(snap.generation)
-        self.snapshot_entries.set(len(snap.entries))
+        self.snapshot_entries.set(snap.count)
         self.snapshot_bytes.set(len(snap.encoded))
-        self.scan_seconds.set(snap.scan_seconds + snap.encode_seconds)
+
+    def observe_rescan(self, rescan: Rescan | None) -> None:
+        """After a scan (None: it failed)."""
+        if rescan is None:
+            self.rescans.labels(result="failed").inc()
+            return
+        self.rescans.labels(result="changed" if rescan.changed else "unchanged").inc()
+        self.scan_seconds.set(rescan.seconds)
 
     def observe_request(self, route: str, status: int | str, seconds: float) -> None:
         self.requests.labels(route=route, status=str(status)).inc()

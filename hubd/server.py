@@ -1,8 +1,11 @@
 """hubd's lifecycle: open ROOT, bind, first scan, serve until SIGTERM/SIGINT, tear down.
 
-Order (teardown reverses it): ROOT's fd -> listening socket -> first scan (in a thread,
-abandoned cleanly if a signal comes first) -> aiohttp runner and site -> readiness line on
-stdout -> wait for SIGTERM/SIGINT -> runner cleanup (in-flight answers get a few seconds).
+Order (teardown reverses it): signal handlers -> ROOT's fd -> listening socket -> first
+scan (in a thread, abandoned cleanly if a signal comes first) -> aiohttp runner and site ->
+readiness line on stdout -> the rescanner task (timer and SIGHUP) -> wait for
+SIGTERM/SIGINT -> rescanner cancelled (its scan thread joined) -> runner cleanup
+(in-flight answers get a few seconds). SIGHUP never stops hubd: from the start it only
+asks for a rescan (one that comes during the first scan causes a rescan right after it).
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from aiohttp import web
 from hubd.app import make_app
 from hubd.config import HubConfig
 from hubd.errors import StartupError
-from hubd.export_root import ExportRoot, ScanCancelled, Snapshot
+from hubd.export_root import ExportRoot, ScanCancelled
 from hubd.metrics import HubMetrics
+from hubd.rescanner import Rescanner
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +43,13 @@ async def serve(cfg: HubConfig) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    export = _open_export(cfg.root, cfg.snapshot_zlib_level)
+    hup = asyncio.Event()
+    loop.add_signal_handler(signal.SIGHUP, hup.set)
+    export = _open_export(cfg)
     try:
         with bind(cfg.host, cfg.port) as sock:
-            snap = await _first_scan(export, stop)
-            if snap is not None:
-                await _serve_until(stop, cfg, export, snap, sock)
+            if await _first_scan(export, stop):
+                await _serve_until(stop, hup, cfg, export, sock)
     finally:
         export.close()
     log.info("stopped")
@@ -68,9 +73,11 @@ def url_of(host: str, sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _open_export(root: str, zlib_level: int) -> ExportRoot:
+def _open_export(cfg: HubConfig) -> ExportRoot:
+    root = cfg.root
     try:
-        return ExportRoot(root, zlib_level)
+        return ExportRoot(root, cfg.snapshot_zlib_level, cfg.changes_max_steps,
+                          cfg.changes_max_bytes)
     except FileNotFoundError:
         raise StartupError(f"{_printable(root)}: no such directory") from None
     except NotADirectoryError:
@@ -79,8 +86,8 @@ def _open_export(root: str, zlib_level: int) -> ExportRoot:
         raise StartupError(f"cannot open {_printable(root)}: {exc.strerror}") from None
 
 
-async def _first_scan(export: ExportRoot, stop: asyncio.Event) -> Snapshot | None:
-    """Scan in a thread; None if ``stop`` is set first (the scan is then cancelled)."""
+async def _first_scan(export: ExportRoot, stop: asyncio.Event) -> bool:
+    """Scan in a thread; False if ``stop`` is set first (the scan is then cancelled)."""
     cancel = threading.Event()
     loop = asyncio.get_running_loop()
     scan = asyncio.ensure_future(loop.run_in_executor(None, export.rescan, cancel))
@@ -91,17 +98,19 @@ async def _first_scan(export: ExportRoot, stop: asyncio.Event) -> Snapshot | Non
         cancel.set()
         with contextlib.suppress(ScanCancelled):
             await scan
-        return None
+        return False
     try:
-        return scan.result()
+        scan.result()  # not kept: a rescan must be able to free this snapshot
+        return True
     except OSError as exc:
         raise StartupError(f"cannot scan {_printable(export.root)}: {exc.strerror}") from None
 
 
-async def _serve_until(stop: asyncio.Event, cfg: HubConfig, export: ExportRoot,
-                       snap: Snapshot, sock: socket.socket) -> None:
+async def _serve_until(stop: asyncio.Event, hup: asyncio.Event, cfg: HubConfig,
+                       export: ExportRoot, sock: socket.socket) -> None:
     metrics = HubMetrics()
-    metrics.observe_snapshot(snap)
+    metrics.observe_snapshot(export.state.snapshot)
+    metrics.observe_rescan(export.last_rescan)
     app = make_app(cfg, export, metrics)
     access_log = logging.getLogger("hubd.access") if cfg.log_level == "DEBUG" else None
     runner = web.AppRunner(app, handle_signals=False, access_log=access_log,
@@ -110,10 +119,16 @@ async def _serve_until(stop: asyncio.Event, cfg: HubConfig, export: ExportRoot,
     try:
         await web.SockSite(runner, sock, backlog=LISTEN_BACKLOG).start()
         log.info("config: %r", cfg)  # the token field is repr=False
+        first = export.state.snapshot
         announce(f"hubd: serving {_printable(cfg.root)} at {url_of(cfg.host, sock)} "
-                 f"({len(snap.entries)} entries, generation {snap.generation})")
-        await stop.wait()
-        log.info("signal received: shutting down")
+                 f"({first.count} entries, generation {first.generation})")
+        del first  # a rescan must be able to free it
+        rescanner = Rescanner(export, metrics, cfg.rescan_interval_s, hup)
+        async with asyncio.TaskGroup() as tasks:
+            rescans = tasks.create_task(rescanner.run())
+            await stop.wait()
+            log.info("signal received: shutting down")
+            rescans.cancel()
     finally:
         await runner.cleanup()
 

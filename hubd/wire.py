@@ -1,4 +1,5 @@
-"""The hubd <-> spokefs wire protocol, version 1: paths, headers and the snapshot format.
+"""The hubd <-> spokefs wire protocol, version 1: paths, headers, and the snapshot, pack and
+changes formats.
 
 This module uses the standard library only and is the one hubd module spokefs imports.
 
@@ -10,6 +11,11 @@ Routes (every route but /healthz and /metrics needs the bearer token when one is
 | GET /v1/blob/{file_id}/{version}     | 206 + Content-Range (with ``Range``) or 200 (without);     |
 |                                      | 404 unknown file, 412 version not current, 416 bad range   |
 | POST /v1/pack                        | 200, whole small files in one answer (format below)        |
+| GET /v1/changes?since=G              | 200, the changes from generation G to the current one      |
+|                                      | (format below), ``CHANGES_MEDIA_TYPE``; 410                |
+|                                      | ``generation-gone`` if G is unknown or too old (take a     |
+|                                      | snapshot), 400 ``bad-generation`` if G is malformed or     |
+|                                      | newer than the current generation                          |
 | GET /healthz                         | 200 ``ok``                                                 |
 
 ``file_id`` and ``version`` are unsigned 64-bit numbers written as 16 lowercase hex digits.
@@ -36,7 +42,47 @@ cost one RTT per file): the request body is ``<QQ`` (file id, version) per file,
 requested file in request order, ``PACK_RECORD`` (file id, version, length, xxh3_64 of the
 bytes) then ``length`` bytes; length ``PACK_GONE`` (-1) means that version is no longer
 current (or the id is unknown) and no bytes follow. The files' sizes must add up to at most
-``MAX_RANGE_BYTES``, else 413 ``pack-too-large``; a malformed body is 400 ``bad-pack``.
+``MAX_RANGE_BYTES``, else 413 ``pack-too-large``; a malformed body (empty, not whole
+records, more than ``MAX_PACK_FILES`` of them: refused unread) or an id that names a
+directory or a symlink is 400 ``bad-pack``.
+
+Snapshot and changes answers carry ``X-Spokefs-Generation``: the generation they describe.
+
+Changes format (``GET /v1/changes?since=G``, G in decimal): one zlib stream whose plain
+bytes are ``HEADER, RECORD * count, TRAILER`` (little endian):
+
+- HEADER  ``<4sHQQQQ``: magic ``SPKC``, format version 1, from generation (G), to
+  generation (the current one), root id, record count. ``from == to`` has no records.
+- RECORD  a type byte, then:
+  - ``CHANGE_UPSERT`` (1): one ENTRY exactly as in a snapshot (fixed part, name, target).
+    It sets the directory entry (parent id, name) to that entry: it creates the name, or
+    updates the attributes of the same id under that name. The root's attributes come as
+    an UPSERT with parent 0 and an empty name.
+  - ``CHANGE_REMOVE`` (2): ``<QH`` parent id, name length, then the name. It unlinks
+    exactly that one directory entry and nothing else: it is never recursive.
+- TRAILER ``<4sQ``: magic ``SPKE``, record count again.
+
+Applying the records in order to the namespace of generation ``from`` gives exactly the
+namespace of generation ``to``:
+
+- One generation step lists its REMOVEs first, children before their parents, then its
+  UPSERTs, parents before children (a new directory before its contents). An answer that
+  spans several generations is those steps back to back, so a later step may UPSERT what
+  an earlier one removed: apply the records strictly in order.
+- A directory's contents are keyed by its id. A renamed or moved directory (same id) is
+  one REMOVE of the old name and one UPSERT of the new one; its contents are not listed.
+  A deleted directory is a REMOVE of every entry below it, deepest first, then of its own
+  name: so a spoke must NOT drop a subtree on a REMOVE (that would empty renamed
+  directories); once the records are applied, a directory id that no name refers to is
+  empty and can be forgotten.
+- A name whose entry was replaced by another id or another file type (a file replaced
+  by a directory, a file swapped in by rename) is a REMOVE then an UPSERT: an UPSERT never
+  changes the id or the file type behind an existing name. Ids are inode hashes, and
+  filesystems reuse the numbers of deleted inodes: a file deleted and another created may
+  look like a rename or a rewrite in place (always with a new version, so no cached byte
+  is reused); a directory's id may come back as a file's after a REMOVE, and vice versa.
+- A file whose bytes or attributes changed (size, mtime, version, mode, nlink) is an
+  UPSERT of each of its names.
 """
 
 from __future__ import annotations
@@ -62,6 +108,11 @@ HEADER_GENERATION = "X-Spokefs-Generation"
 # bounds hubd's memory to max_concurrent_reads x MAX_RANGE_BYTES.
 MAX_RANGE_BYTES = 16 * 1024 * 1024
 
+CHANGES_PATH = "/v1/changes"
+CHANGES_MEDIA_TYPE = "application/vnd.spokefs.changes.v1+zlib"
+CHANGE_UPSERT = 1
+CHANGE_REMOVE = 2
+
 PACK_PATH = "/v1/pack"
 MAX_PACK_FILES = 4096
 PACK_GONE = -1
@@ -76,7 +127,10 @@ TARGET_MAX = 4095  # PATH_MAX - 1
 _HEADER = struct.Struct("<4sHQQQ")
 _ENTRY = struct.Struct("<QQIQqIQHH")
 _TRAILER = struct.Struct("<4sQ")
+_CHANGES_HEADER = struct.Struct("<4sHQQQQ")
+_REMOVE = struct.Struct("<BQH")  # type, parent id, name length
 _MAGIC_HEAD = b"SPKS"
+_MAGIC_CHANGES = b"SPKC"
 _MAGIC_TAIL = b"SPKE"
 _ALLOWED_TYPES = (stat.S_IFDIR, stat.S_IFREG, stat.S_IFLNK)
 
@@ -113,6 +167,29 @@ class SnapshotHeader:
     generation: int
     root_id: int
     count: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChangesHeader:
+    from_generation: int
+    to_generation: int
+    root_id: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Upsert:
+    """Set the directory entry ``(entry.parent_id, entry.name)`` to ``entry``."""
+
+    entry: Entry
+
+
+@dataclass(frozen=True, slots=True)
+class Remove:
+    """Unlink the one directory entry ``name`` of directory ``parent_id``."""
+
+    parent_id: int
+    name: bytes
 
 
 def format_id(value: int) -> str:
@@ -160,6 +237,34 @@ def encode_snapshot(generation: int, root_id: int, entries: list[Entry], level: 
     parts = [comp.compress(encode_header(generation, root_id, len(entries)))]
     parts.extend(comp.compress(encode_entry(e)) for e in entries)
     parts.append(comp.compress(encode_trailer(len(entries))))
+    parts.append(comp.flush())
+    return b"".join(parts)
+
+
+def encode_upsert(e: Entry) -> bytes:
+    """One UPSERT change record."""
+    return bytes((CHANGE_UPSERT,)) + encode_entry(e)
+
+
+def encode_remove(parent_id: int, name: bytes) -> bytes:
+    """One REMOVE change record."""
+    return _REMOVE.pack(CHANGE_REMOVE, parent_id, len(name)) + name
+
+
+def encode_changes(from_generation: int, to_generation: int, root_id: int,
+                   records: list[bytes], count: int, level: int = 6) -> bytes:
+    """The whole compressed changes answer.
+
+    Args:
+        records: encoded change records (``encode_upsert``/``encode_remove``), in order,
+            possibly several records per item; ``count`` records in all.
+    """
+    comp = zlib.compressobj(level)
+    head = _CHANGES_HEADER.pack(_MAGIC_CHANGES, API_VERSION, from_generation, to_generation,
+                                root_id, count)
+    parts = [comp.compress(head)]
+    parts.extend(comp.compress(r) for r in records)
+    parts.append(comp.compress(encode_trailer(count)))
     parts.append(comp.flush())
     return b"".join(parts)
 
@@ -220,7 +325,116 @@ def validate_name(name: bytes) -> None:
         raise WireError(f"bad name {name[:40]!r}")
 
 
-class SnapshotDecoder:
+def _parse_entry(buf: bytes | bytearray, pos: int) -> tuple[Entry, int] | None:
+    """The entry encoded at ``buf[pos:]`` and the position after it; None if cut short."""
+    if len(buf) - pos < _ENTRY.size:
+        return None
+    fid, parent, mode, size, mtime, nlink, ver, nlen, tlen = _ENTRY.unpack_from(buf, pos)
+    if nlen > NAME_MAX or tlen > TARGET_MAX:
+        raise WireError(f"over-long name ({nlen}) or target ({tlen})")
+    start = pos + _ENTRY.size
+    end = start + nlen + tlen
+    if end > len(buf):
+        return None
+    name = bytes(buf[start : start + nlen])
+    target = bytes(buf[start + nlen : end])
+    return Entry(fid, parent, mode, size, mtime, nlink, ver, name, target), end
+
+
+def decode_entry(buf: bytes | bytearray, pos: int = 0) -> tuple[Entry, int]:
+    """The entry encoded at ``buf[pos:]`` (not validated) and the position after it."""
+    parsed = _parse_entry(buf, pos)
+    if parsed is None:
+        raise WireError("entry cut short")
+    return parsed
+
+
+def _check_attrs(e: Entry) -> None:
+    """The checks every entry passes, wherever it sits in the tree."""
+    if stat.S_IFMT(e.mode) not in _ALLOWED_TYPES:
+        raise WireError(f"entry {e.file_id:x}: unsupported file type {e.mode:o}")
+    if e.file_id < MIN_FILE_ID:
+        raise WireError(f"entry id {e.file_id} below {MIN_FILE_ID}")
+    if len(e.target) > TARGET_MAX or (e.target and not e.is_symlink):
+        raise WireError(f"entry {e.file_id:x}: bad symlink target")
+    if e.is_symlink and (not e.target or b"\0" in e.target):
+        raise WireError(f"entry {e.file_id:x}: bad symlink target")
+    if e.size < 0 or e.size > 2**62:
+        raise WireError(f"entry {e.file_id:x}: absurd size {e.size}")
+
+
+class _StreamDecoder:
+    """A zlib stream of ``HEADER, ITEM * count, TRAILER``: the framing both formats share.
+
+    Subclasses parse the header (``_parse_header`` returns the item count) and one item
+    (``_parse_item``); this class handles chunks, the trailer and truncation.
+    """
+
+    _what = "stream"
+    _header_size = 0
+
+    def __init__(self, max_items: int) -> None:
+        self._z = zlib.decompressobj()
+        self._buf = bytearray()
+        self._max_items = max_items
+        self._count: int | None = None
+        self._seen = 0
+        self.done = False
+
+    def _parse_header(self, buf: bytearray) -> int:
+        raise NotImplementedError
+
+    def _parse_item(self, buf: bytearray, pos: int) -> tuple[object, int] | None:
+        raise NotImplementedError
+
+    def _feed(self, data: bytes) -> Iterator[object]:
+        plain = self._z.decompress(data)
+        if self.done:
+            if plain or self._z.unused_data:
+                raise WireError(f"data after the {self._what} trailer")
+            return
+        self._buf += plain
+        yield from self._drain()
+
+    def _finish(self) -> None:
+        self._buf += self._z.flush()
+        list(self._drain())
+        if not self.done or not self._z.eof or self._count is None:
+            raise WireError(f"{self._what} stream ended early (truncated)")
+        if self._z.unused_data:
+            raise WireError(f"data after the {self._what} stream")
+
+    def _drain(self) -> Iterator[object]:
+        pos = 0
+        buf = self._buf
+        if self._count is None:
+            if len(buf) < self._header_size:
+                return
+            self._count = self._parse_header(buf)
+            pos = self._header_size
+        count = self._count
+        while not self.done:
+            if self._seen == count:
+                if len(buf) - pos < _TRAILER.size:
+                    break
+                magic, n = _TRAILER.unpack_from(buf, pos)
+                if magic != _MAGIC_TAIL or n != count:
+                    raise WireError(f"bad {self._what} trailer")
+                pos += _TRAILER.size
+                self.done = True
+                if pos != len(buf):
+                    raise WireError(f"data after the {self._what} trailer")
+                break
+            parsed = self._parse_item(buf, pos)
+            if parsed is None:
+                break
+            item, pos = parsed
+            self._seen += 1
+            yield item
+        del buf[:pos]
+
+
+class SnapshotDecoder(_StreamDecoder):
     """Incremental, validating decoder: feed compressed chunks, get entries.
 
     It rejects what a hostile or broken hub could send: unknown magic or version, ids below
@@ -230,89 +444,41 @@ class SnapshotDecoder:
     A name listed twice in one directory is caught by the spoke's namespace loader.
     """
 
+    _what = "snapshot"
+    _header_size = _HEADER.size
+
     def __init__(self, max_entries: int = 50_000_000) -> None:
-        self._z = zlib.decompressobj()
-        self._buf = bytearray()
-        self._max_entries = max_entries
+        super().__init__(max_entries)
         self.header: SnapshotHeader | None = None
-        self._seen = 0
         self._dirs: set[int] = set()
-        self.done = False
 
     def feed(self, data: bytes) -> Iterator[Entry]:
-        plain = self._z.decompress(data)
-        if self.done:
-            if plain or self._z.unused_data:
-                raise WireError("data after the snapshot trailer")
-            return
-        self._buf += plain
-        yield from self._drain()
+        return self._feed(data)  # type: ignore[return-value]
 
     def finish(self) -> SnapshotHeader:
         """Call after the last chunk; raises WireError if the stream was cut short."""
-        self._buf += self._z.flush()
-        list(self._drain())
-        if not self.done or not self._z.eof or self.header is None:
-            raise WireError("snapshot stream ended early (truncated)")
-        if self._z.unused_data:
-            raise WireError("data after the snapshot stream")
+        self._finish()
+        assert self.header is not None
         return self.header
 
-    def _drain(self) -> Iterator[Entry]:
-        pos = 0
-        buf = self._buf
-        if self.header is None:
-            if len(buf) < _HEADER.size:
-                return
-            magic, ver, gen, root, count = _HEADER.unpack_from(buf, 0)
-            if magic != _MAGIC_HEAD or ver != API_VERSION:
-                raise WireError(f"not a v{API_VERSION} snapshot (magic {magic!r}, version {ver})")
-            if count < 1 or count > self._max_entries or root < MIN_FILE_ID:
-                raise WireError(f"absurd snapshot header: count={count} root={root}")
-            self.header = SnapshotHeader(gen, root, count)
-            pos = _HEADER.size
-        count = self.header.count
-        while not self.done:
-            if self._seen == count:
-                if len(buf) - pos < _TRAILER.size:
-                    break
-                magic, n = _TRAILER.unpack_from(buf, pos)
-                if magic != _MAGIC_TAIL or n != count:
-                    raise WireError("bad snapshot trailer")
-                pos += _TRAILER.size
-                self.done = True
-                if pos != len(buf):
-                    raise WireError("data after the snapshot trailer")
-                break
-            if len(buf) - pos < _ENTRY.size:
-                break
-            fid, parent, mode, size, mtime, nlink, ver, nlen, tlen = _ENTRY.unpack_from(buf, pos)
-            end = pos + _ENTRY.size + nlen + tlen
-            if end > len(buf):
-                if nlen > NAME_MAX or tlen > TARGET_MAX:
-                    raise WireError(f"over-long name ({nlen}) or target ({tlen})")
-                break
-            name = bytes(buf[pos + _ENTRY.size : pos + _ENTRY.size + nlen])
-            target = bytes(buf[pos + _ENTRY.size + nlen : end])
-            pos = end
-            entry = Entry(fid, parent, mode, size, mtime, nlink, ver, name, target)
-            self._check(entry)
-            self._seen += 1
-            yield entry
-        del buf[:pos]
+    def _parse_header(self, buf: bytearray) -> int:
+        magic, ver, gen, root, count = _HEADER.unpack_from(buf, 0)
+        if magic != _MAGIC_HEAD or ver != API_VERSION:
+            raise WireError(f"not a v{API_VERSION} snapshot (magic {magic!r}, version {ver})")
+        if count < 1 or count > self._max_items or root < MIN_FILE_ID:
+            raise WireError(f"absurd snapshot header: count={count} root={root}")
+        self.header = SnapshotHeader(gen, root, count)
+        return count
+
+    def _parse_item(self, buf: bytearray, pos: int) -> tuple[Entry, int] | None:
+        parsed = _parse_entry(buf, pos)
+        if parsed is not None:
+            self._check(parsed[0])
+        return parsed
 
     def _check(self, e: Entry) -> None:
         assert self.header is not None
-        if stat.S_IFMT(e.mode) not in _ALLOWED_TYPES:
-            raise WireError(f"entry {e.file_id:x}: unsupported file type {e.mode:o}")
-        if e.file_id < MIN_FILE_ID:
-            raise WireError(f"entry id {e.file_id} below {MIN_FILE_ID}")
-        if len(e.target) > TARGET_MAX or (e.target and not e.is_symlink):
-            raise WireError(f"entry {e.file_id:x}: bad symlink target")
-        if e.is_symlink and (not e.target or b"\0" in e.target):
-            raise WireError(f"entry {e.file_id:x}: bad symlink target")
-        if e.size < 0 or e.size > 2**62:
-            raise WireError(f"entry {e.file_id:x}: absurd size {e.size}")
+        _check_attrs(e)
         if self._seen == 0:
             if e.file_id != self.header.root_id or e.parent_id != 0 or e.name or not e.is_dir:
                 raise WireError("the first entry must be the root directory")
@@ -324,3 +490,80 @@ class SnapshotDecoder:
             if e.file_id in self._dirs:
                 raise WireError(f"directory {e.file_id:x} listed twice (a cycle)")
             self._dirs.add(e.file_id)
+
+
+class ChangesDecoder(_StreamDecoder):
+    """Incremental, validating decoder of a changes answer: feed chunks, get records.
+
+    ``feed`` yields ``Upsert`` and ``Remove`` records in order. It rejects unknown magic or
+    version, ``from > to`` (or records when ``from == to``), unknown record types, ids
+    below MIN_FILE_ID, names with ``/`` or NUL, ``.``/``..``, over-long names or targets,
+    file types other than dir/file/symlink, the root id anywhere but as the root itself
+    (parent 0, empty name, a directory), parent 0 for anything else, and truncated or
+    over-long streams. Whether a parent exists and is a directory, and that the result
+    has no cycles, depends on the spoke's namespace: its applier checks those.
+    """
+
+    _what = "changes"
+    _header_size = _CHANGES_HEADER.size
+
+    def __init__(self, max_records: int = 50_000_000) -> None:
+        super().__init__(max_records)
+        self.header: ChangesHeader | None = None
+
+    def feed(self, data: bytes) -> Iterator[Upsert | Remove]:
+        return self._feed(data)  # type: ignore[return-value]
+
+    def finish(self) -> ChangesHeader:
+        """Call after the last chunk; raises WireError if the stream was cut short."""
+        self._finish()
+        assert self.header is not None
+        return self.header
+
+    def _parse_header(self, buf: bytearray) -> int:
+        magic, ver, since, to, root, count = _CHANGES_HEADER.unpack_from(buf, 0)
+        if magic != _MAGIC_CHANGES or ver != API_VERSION:
+            raise WireError(f"not v{API_VERSION} changes (magic {magic!r}, version {ver})")
+        if (count > self._max_items or root < MIN_FILE_ID or since > to
+                or (since == to and count)):
+            raise WireError(f"absurd changes header: from={since} to={to} count={count} "
+                            f"root={root}")
+        self.header = ChangesHeader(since, to, root, count)
+        return count
+
+    def _parse_item(self, buf: bytearray, pos: int) -> tuple[Upsert | Remove, int] | None:
+        if len(buf) - pos < 1:
+            return None
+        kind = buf[pos]
+        if kind == CHANGE_UPSERT:
+            parsed = _parse_entry(buf, pos + 1)
+            if parsed is None:
+                return None
+            self._check_upsert(parsed[0])
+            return Upsert(parsed[0]), parsed[1]
+        if kind == CHANGE_REMOVE:
+            if len(buf) - pos < _REMOVE.size:
+                return None
+            _, parent, nlen = _REMOVE.unpack_from(buf, pos)
+            if nlen > NAME_MAX:
+                raise WireError(f"over-long name ({nlen})")
+            end = pos + _REMOVE.size + nlen
+            if end > len(buf):
+                return None
+            name = bytes(buf[pos + _REMOVE.size : end])
+            validate_name(name)
+            if parent < MIN_FILE_ID:
+                raise WireError(f"remove {name[:40]!r}: parent id {parent} below {MIN_FILE_ID}")
+            return Remove(parent, name), end
+        raise WireError(f"unknown change record type {kind}")
+
+    def _check_upsert(self, e: Entry) -> None:
+        assert self.header is not None
+        _check_attrs(e)
+        if e.file_id == self.header.root_id or e.parent_id == 0:
+            if e.file_id != self.header.root_id or e.parent_id != 0 or e.name or not e.is_dir:
+                raise WireError("only the root directory has parent 0 and no name")
+            return
+        validate_name(e.name)
+        if e.parent_id < MIN_FILE_ID:
+            raise WireError(f"entry {e.name[:40]!r}: parent id {e.parent_id} below {MIN_FILE_ID}")

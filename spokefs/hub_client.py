@@ -126,9 +126,12 @@ class HubClient:
 
         async def attempt() -> bytes:
             resp = await self._http.get(wire.CHANGES_PATH, params={"since": str(since)})
-            if resp.status_code == 410:
-                metrics.HUB_REQUESTS.labels(kind="changes", status="410").inc()
-                raise GenerationGone(f"hub has no changes since generation {since}")
+            if resp.status_code in (400, 410):
+                # 410: too old; 400: newer than the hub's (its clock went back across a
+                # restart). Either way only a full snapshot can bring us in step.
+                metrics.HUB_REQUESTS.labels(kind="changes", status=str(resp.status_code)).inc()
+                raise GenerationGone(f"hub has no changes since generation {since} "
+                                     f"({resp.status_code})")
             self._check_status(resp, "changes")
             metrics.LINK_BYTES.inc(len(resp.content))
             return resp.content

@@ -40,6 +40,9 @@ def test_bad_root_exits_1(tmp_path: Path, root: str) -> None:
     ["serve", ".", "--listen", "127.0.0.1:0", "--max-concurrent-reads", "0"],
     ["serve", ".", "--listen", "127.0.0.1:0", "--log-level", "LOUD"],
     ["serve", ".", "--listen", "127.0.0.1:0", "--bogus"],
+    ["serve", ".", "--listen", "127.0.0.1:0", "--rescan-interval", "-1"],
+    ["serve", ".", "--listen", "127.0.0.1:0", "--rescan-interval", "soon"],
+    ["serve", ".", "--listen", "127.0.0.1:0", "--rescan-interval", "nan"],
     [],
 ])
 def test_usage_errors_exit_2(args: list[str]) -> None:
@@ -73,6 +76,7 @@ def test_bad_token_file_exits_1(tmp_path: Path, content: str | None) -> None:
 def test_help_exits_0() -> None:
     result = run_hubd("serve", "--help")
     assert result.returncode == 0 and "--listen" in result.stdout
+    assert "--rescan-interval" in result.stdout
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -1,0 +1,107 @@
+"""Rescans on a timer and on request (SIGHUP), one at a time, in a worker thread.
+
+``Rescanner.run`` loops: wait until ``interval_s`` after the previous scan ended (forever if
+0) or until ``request()`` is called, then run ``ExportRoot.rescan`` in a thread while the
+current snapshot keeps serving. Requests made while a scan runs coalesce into one more
+scan after it (it may miss changes made after the running scan passed them), so there are
+never two scans at once. A failed scan is logged and retried at the next tick.
+
+Cancelling ``run`` (shutdown) cancels the running scan through a ``threading.Event`` and
+waits for its thread to return, so ROOT's fd is never closed under a scan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import threading
+
+from hubd.export_root import ExportRoot, ScanCancelled
+from hubd.metrics import HubMetrics
+
+log = logging.getLogger(__name__)
+
+
+class Rescanner:
+    """Runs the rescans of one ``ExportRoot`` and reports them to the metrics.
+
+    Attributes:
+        wake: set by ``request()`` (the SIGHUP handler) to rescan now.
+    """
+
+    def __init__(self, export: ExportRoot, metrics: HubMetrics, interval_s: float,
+                 wake: asyncio.Event | None = None) -> None:
+        self._export = export
+        self._metrics = metrics
+        self._interval_s = interval_s
+        self.wake = wake if wake is not None else asyncio.Event()
+        self._cancel = threading.Event()
+
+    def request(self) -> None:
+        """Rescan as soon as possible (coalesces with a pending request)."""
+        self.wake.set()
+
+    async def run(self) -> None:
+        """Rescan until cancelled."""
+        while True:
+            await self._wait()
+            self.wake.clear()
+            await self._rescan_once()
+
+    async def _wait(self) -> None:
+        if self._interval_s <= 0:
+            await self.wake.wait()
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._interval_s):
+                await self.wake.wait()
+
+    async def _rescan_once(self) -> None:
+        loop = asyncio.get_running_loop()
+        scan = loop.run_in_executor(None, self._export.rescan, self._cancel)
+        try:
+            snap = await asyncio.shield(scan)
+        except asyncio.CancelledError:
+            self._cancel.set()
+            with contextlib.suppress(Exception):
+                await scan  # the thread must be done before ROOT's fd is closed
+            raise
+        except ScanCancelled:
+            return
+        except OSError as exc:
+            log.warning("rescan of %s failed: %s (the previous snapshot stays)",
+                        self._export.root, exc.strerror)
+            self._metrics.observe_rescan(None)
+            return
+        except Exception:
+            log.exception("rescan of %s failed (the previous snapshot stays)", self._export.root)
+            self._metrics.observe_rescan(None)
+            return
+        self._metrics.observe_snapshot(snap)
+        self._metrics.observe_rescan(self._export.last_rescan)
+        del snap
+        release_free_memory()
+
+
+def _load_malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_MALLOC_TRIM = _load_malloc_trim()
+
+
+def release_free_memory() -> None:
+    """Give the heap memory freed by a rescan back to the OS (glibc only).
+
+    A scan allocates its table in a worker thread's malloc arena; once the previous
+    snapshot is dropped, glibc keeps most of that freed memory mapped (~100 MB per
+    generation for 1M entries, measured) unless asked to trim. Cost: milliseconds.
+    """
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
