@@ -9,7 +9,8 @@ want_test=0
 
 debs=(fuse3 libfuse3-dev pkg-config gcc)
 python3 -c 'import venv, ensurepip' 2>/dev/null || debs+=(python3-venv python3-dev)
-[ "$want_test" = 1 ] && debs+=(fio)
+# prometheus: the observability tests run a real Prometheus and its promtool
+[ "$want_test" = 1 ] && debs+=(fio prometheus)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -25,8 +26,9 @@ fi
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 if [ "$want_test" = 1 ]; then
   .venv/bin/pip install -q -e ".[test]"
-  # The DataLoader test needs PyTorch; 2.13.0 is the CPU build this machine kind keeps on disk.
-  .venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/pip install -q "torch==2.13.0"
+  # The DataLoader test needs PyTorch (2.13.0 is the CPU build this machine kind keeps on
+  # disk) and numpy, which torch's tensor <-> bytes conversions need and torch does not pull.
+  .venv/bin/python -c 'import torch, numpy' 2>/dev/null || .venv/bin/pip install -q "torch==2.13.0" numpy
 else
   .venv/bin/pip install -q -e .
 fi

@@ -19,10 +19,11 @@ exceptions below and ``fuse_errors`` (used on every handler in ``fuse_ops``) con
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import ClassVar, ParamSpec, TypeVar
 
 import pyfuse3
@@ -79,6 +80,32 @@ class CorruptBlock(SpokeError):
 
 class UserError(Exception):
     """A problem the person running the CLI can fix; printed as one line, exit code 1."""
+
+
+def _leaves(group: BaseExceptionGroup) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
+
+
+@contextlib.contextmanager
+def single_spoke_error() -> Iterator[None]:
+    """Around a nursery: a group made only of domain errors becomes its first one.
+
+    Trio wraps what a nursery's children raise in an ExceptionGroup; a read that fails
+    because the hub said 412 must still reach ``fuse_errors`` as a StaleExport (ESTALE),
+    not as a group (an internal error, EIO). Anything else in the group (a bug,
+    cancellation) propagates unchanged.
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = list(_leaves(group))
+        if leaves and all(isinstance(exc, SpokeError) for exc in leaves):
+            raise leaves[0] from None
+        raise
 
 
 def fuse_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:

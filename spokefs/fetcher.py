@@ -26,6 +26,7 @@ from hubd import wire
 from spokefs import metrics
 from spokefs.block_cache import BlockCache
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
+from spokefs.errors import single_spoke_error
 from spokefs.hub_client import HubClient
 from spokefs.types import FileVersion
 
@@ -64,9 +65,10 @@ class Fetcher:
         mine = [i for i in missing if (fv.file_id, fv.version, i // CHUNK_BLOCKS) in claimed]
         got: list[tuple[int, bytes]] = []
         try:
-            async with trio.open_nursery() as nursery:
-                for run in _runs(mine, _RUN_BLOCKS):
-                    nursery.start_soon(self._fetch_run, fv, run, got)
+            with single_spoke_error():
+                async with trio.open_nursery() as nursery:
+                    for run in _runs(mine, _RUN_BLOCKS):
+                        nursery.start_soon(self._fetch_run, fv, run, got)
             if got:
                 await self.cache.put_runs(fv.file_id, fv.version, got)
                 self._remember_recent(claimed)

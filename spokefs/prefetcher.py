@@ -40,7 +40,7 @@ import trio
 
 from spokefs import metrics
 from spokefs.config import CHUNK_SIZE, PrefetchConfig
-from spokefs.errors import SpokeError
+from spokefs.errors import SpokeError, single_spoke_error
 from spokefs.fetcher import Fetcher
 from spokefs.link_model import LinkModel
 from spokefs.types import FileVersion
@@ -181,9 +181,10 @@ class Prefetcher:
                 self.model.record(nbytes, time.monotonic() - began)
                 fetched += nbytes
 
-        async with trio.open_nursery() as nursery:
-            for start in range(0, fv.size, self._cfg.request_bytes):
-                nursery.start_soon(one, start)
+        with single_spoke_error():
+            async with trio.open_nursery() as nursery:
+                for start in range(0, fv.size, self._cfg.request_bytes):
+                    nursery.start_soon(one, start)
         return fetched
 
     # -- background work ------------------------------------------------------------
