@@ -102,8 +102,7 @@ class Fetcher:
         try:
             chunks = sorted(ci for _, _, ci in claimed)
             blocks = [b for ci in chunks for b in _chunk_blocks(ci, fv.blocks())]
-            # one request per run: a chunk run up to MAX_RANGE_BYTES, which the caller keeps
-            # to about one prefetch request's size
+            # callers pass about one request's worth, so this is usually one range request
             got: list[tuple[int, bytes]] = []
             for run in _runs(blocks, _RUN_BLOCKS):
                 await self._fetch_run(fv, run, got)

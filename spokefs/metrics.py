@@ -15,6 +15,12 @@ _LATENCY_BUCKETS = (
 
 READS = Counter("spokefs_reads_total", "FUSE reads, by where all their bytes came from", ["source"])
 READ_BYTES = Counter("spokefs_read_bytes_total", "Bytes returned to readers, by source", ["source"])
+# A labelled counter whose label values are known exports 0 for each from the start: a series
+# that appears at its first increment loses that increment to rate() and increase(), which the
+# dashboard's hit-ratio and throughput panels and the alert rules rely on.
+for _source in ("cache", "hub"):
+    READS.labels(source=_source)
+    READ_BYTES.labels(source=_source)
 READ_SECONDS = Histogram("spokefs_read_seconds", "Latency of FUSE reads", buckets=_LATENCY_BUCKETS)
 BLOCK_HITS = Counter("spokefs_block_hits_total", "4 KiB blocks served from the cache")
 BLOCK_MISSES = Counter("spokefs_block_misses_total", "4 KiB blocks fetched from the hub")
