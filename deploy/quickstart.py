@@ -93,7 +93,7 @@ def run(work: Path) -> None:
     print(f"sample dataset: {size / 1e6:.1f} MB in {src}")
     py = sys.executable
     hub = subprocess.Popen(
-        [py, "-m", "hubd", "serve", str(src), "--listen", "127.0.0.1:0"],
+        [py, "-m", "hubd", "serve", str(src), "--listen", "127.0.0.1:0", "--log-level", "WARNING"],
         stdout=subprocess.PIPE, text=True,
     )
     mounted = False

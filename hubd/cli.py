@@ -1,13 +1,19 @@
 """The hubd command line: argv -> HubConfig, logging set-up, exit codes.
 
     python3 -m hubd serve ROOT --listen HOST:PORT [--token-file F] [--log-level LEVEL]
-        [--max-concurrent-reads N] [--rescan-interval SECONDS]
+        [--tls-cert C --tls-key K] [--max-concurrent-reads N] [--rescan-interval SECONDS]
+        [--idle-timeout SECONDS]
 
 ``--rescan-interval`` (default 60, 0: never) rescans ROOT that long after the previous
 scan ended; SIGHUP triggers a rescan at once (requests made during a scan coalesce into
-one more). Exit codes: 0 after SIGTERM/SIGINT; 1 for start-up errors (ROOT missing, port
-busy, unreadable token file), one ``hubd: error: ...`` line on stderr; 2 for usage
-errors, one line too. Only this module reads argv and files named on the command line.
+one more). ``--tls-cert``/``--tls-key`` (both or neither) serve HTTPS, TLS 1.2 or newer.
+``--idle-timeout`` closes a connection that has not sent a whole request header that long
+after it opened or after its last answer (slow-header clients, idle keep-alives).
+
+Exit codes: 0 after SIGTERM/SIGINT; 1 for start-up errors (ROOT missing, port busy,
+unreadable token file, unusable certificate or key), one ``hubd: error: ...`` line on
+stderr; 2 for usage errors, one line too. Only this module reads argv and files named on
+the command line; the token never appears in a message, only its file's path.
 """
 
 from __future__ import annotations
@@ -16,15 +22,24 @@ import argparse
 import asyncio
 import faulthandler
 import logging
+import os
+import re
 import signal
+import ssl
+import stat
 import sys
 from typing import NoReturn
 
 from hubd.config import HubConfig
 from hubd.errors import StartupError
 
+log = logging.getLogger(__name__)
+
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 MAX_TOKEN_BYTES = 4096  # a token is a secret string, not a file to slurp
+# Visible ASCII, no spaces: what any HTTP client can send in ``Authorization: Bearer``
+# unchanged (RFC 6750's b64token is a subset), so hub and spoke agree byte for byte.
+_TOKEN_RE = re.compile(rb"[\x21-\x7e]+")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,6 +73,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _timeout(text: str) -> float:
+    value = _seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"want a number of seconds > 0, not {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hubd", description="Export a directory to spokefs over HTTP.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
@@ -75,27 +97,84 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--rescan-interval", type=_seconds, default=60.0, metavar="SECONDS",
                      help="rescan ROOT this long after the previous scan ends; 0: only on "
                           "SIGHUP (which always triggers one); default: 60")
+    srv.add_argument("--tls-cert", metavar="C",
+                     help="PEM certificate (chain) to serve HTTPS with; needs --tls-key")
+    srv.add_argument("--tls-key", metavar="K",
+                     help="PEM private key (unencrypted) of --tls-cert; keep it mode 0600")
+    srv.add_argument("--idle-timeout", type=_timeout, default=15.0, metavar="SECONDS",
+                     help="close a connection that sends no whole request header for this "
+                          "long (after connecting or after its last answer); default: 15")
     return parser
 
 
 def read_token(path: str) -> bytes:
-    """The token in ``path``, surrounding whitespace stripped."""
+    """The token in ``path``, surrounding whitespace stripped.
+
+    Logs one warning when group or others may access the file (it should be mode 0600).
+    No message ever quotes the file's contents.
+    """
     try:
         with open(path, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
             token = f.read(MAX_TOKEN_BYTES + 1).strip()
     except OSError as exc:
         raise StartupError(f"cannot read token file {path}: {exc.strerror}") from None
     if not token or len(token) > MAX_TOKEN_BYTES:
         raise StartupError(f"token file {path} is empty or longer than {MAX_TOKEN_BYTES} bytes")
+    if not _TOKEN_RE.fullmatch(token):
+        raise StartupError(f"token file {path} must hold one word of visible ASCII characters")
+    warn_if_exposed(path, mode)
     return token
+
+
+def warn_if_exposed(path: str, mode: int) -> None:
+    """One warning when a secret file is open to group or others."""
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("token file %s has mode %04o: group or others can read it; "
+                    "chmod 600 it", path, stat.S_IMODE(mode))
+
+
+def load_tls(cert: str, key: str) -> ssl.SSLContext:
+    """A server context for ``cert`` and ``key`` (PEM), TLS 1.2 or newer.
+
+    Raises:
+        StartupError: a file cannot be read, holds no certificate or no usable key, or
+            the key does not belong to the certificate; one line naming the file.
+    """
+    for flag, path in (("--tls-cert", cert), ("--tls-key", key)):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            raise StartupError(f"cannot read {flag} {path}: {exc.strerror}") from None
+    probe = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        probe.load_verify_locations(cafile=cert)
+    except (ssl.SSLError, ValueError):
+        raise StartupError(f"--tls-cert {cert} holds no PEM certificate") from None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        # The callback answers a passphrase prompt with nothing: an encrypted key fails
+        # here instead of hubd waiting on the terminal.
+        ctx.load_cert_chain(cert, key, password=lambda: b"")
+    except ssl.SSLError as exc:
+        if exc.reason == "KEY_VALUES_MISMATCH":
+            raise StartupError(f"--tls-key {key} is not the key of --tls-cert {cert}") from None
+        raise StartupError(f"--tls-key {key} holds no usable PEM private key "
+                           "(or the certificate chain is broken; encrypted keys "
+                           "are not supported)") from None
+    return ctx
 
 
 def config_from_args(args: argparse.Namespace) -> HubConfig:
     host, port = args.listen
     token = read_token(args.token_file) if args.token_file else None
+    tls = load_tls(args.tls_cert, args.tls_key) if args.tls_cert else None
     return HubConfig(root=args.root, host=host, port=port, token=token,
                      log_level=args.log_level, max_concurrent_reads=args.max_concurrent_reads,
-                     rescan_interval_s=args.rescan_interval)
+                     rescan_interval_s=args.rescan_interval, tls=tls,
+                     tls_cert_file=args.tls_cert, idle_timeout_s=args.idle_timeout)
 
 
 def _setup_logging(level: str) -> None:
@@ -107,13 +186,16 @@ def _setup_logging(level: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``hubd`` console script and ``python -m hubd``."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together: give both or neither")
     # Imported here, not at the top: a usage error should not wait for aiohttp to load.
     from hubd.server import serve
 
     try:
+        _setup_logging(args.log_level)  # first: reading the token may warn
         cfg = config_from_args(args)
-        _setup_logging(cfg.log_level)
         return asyncio.run(serve(cfg))
     except StartupError as exc:
         print(f"hubd: error: {exc}", file=sys.stderr)

@@ -5,6 +5,7 @@ Every knob carries its unit in its name, a default, and the reason for that defa
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
 
 from hubd import wire
@@ -20,6 +21,12 @@ class HubConfig:
         root: the exported directory, as given on the command line.
         host, port: where to listen; port 0 picks a free port.
         token: the bearer token (never logged: ``repr=False``), or None for no auth.
+        tls: the server TLS context (TLS >= 1.2) built from ``--tls-cert``/``--tls-key``,
+            or None for plain HTTP; ``tls_cert_file`` names the certificate for the log.
+        idle_timeout_s: a connection must send a whole request header within this long of
+            opening or of its last answer, else it is closed. Bounds what slow-header
+            ("slowloris") and idle clients hold; spokes close idle connections after 5 s
+            (httpx's keep-alive expiry) and send a header in one round trip (< 1 s).
         log_level: a ``logging`` level name.
         max_concurrent_reads: range reads in flight at once; hubd's read memory stays under
             ``max_concurrent_reads * wire.MAX_RANGE_BYTES`` (16 x 16 MiB = 256 MiB by default).
@@ -42,6 +49,9 @@ class HubConfig:
     host: str
     port: int
     token: bytes | None = field(default=None, repr=False)
+    tls: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
+    tls_cert_file: str | None = None
+    idle_timeout_s: float = 15.0
     log_level: str = "INFO"
     max_concurrent_reads: int = 16
     read_wait_s: float = 30.0

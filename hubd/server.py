@@ -6,6 +6,12 @@ readiness line on stdout -> the rescanner task (timer and SIGHUP) -> wait for
 SIGTERM/SIGINT -> rescanner cancelled (its scan thread joined) -> runner cleanup
 (in-flight answers get a few seconds). SIGHUP never stops hubd: from the start it only
 asks for a rescan (one that comes during the first scan causes a rescan right after it).
+
+With ``cfg.tls`` the site serves HTTPS and the readiness line says ``https://``. Requests
+that aiohttp's parser rejects (malformed or oversized lines, bad methods or versions) are
+answered 400 by aiohttp and logged by ``ClientErrorFilter`` as one DEBUG line, not as an
+ERROR with a traceback: they are the client's fault, and a flood of them must not flood
+the log.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import sys
 import threading
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from hubd.app import make_app
 from hubd.config import HubConfig
@@ -45,6 +52,7 @@ async def serve(cfg: HubConfig) -> int:
         loop.add_signal_handler(sig, stop.set)
     hup = asyncio.Event()
     loop.add_signal_handler(signal.SIGHUP, hup.set)
+    install_log_filters()
     export = _open_export(cfg)
     try:
         with bind(cfg.host, cfg.port) as sock:
@@ -68,9 +76,10 @@ def bind(host: str, port: int) -> socket.socket:
         raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
 
 
-def url_of(host: str, sock: socket.socket) -> str:
+def url_of(host: str, sock: socket.socket, *, tls: bool = False) -> str:
     port = sock.getsockname()[1]
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 def _open_export(cfg: HubConfig) -> ExportRoot:
@@ -113,14 +122,19 @@ async def _serve_until(stop: asyncio.Event, hup: asyncio.Event, cfg: HubConfig,
     metrics.observe_rescan(export.last_rescan)
     app = make_app(cfg, export, metrics)
     access_log = logging.getLogger("hubd.access") if cfg.log_level == "DEBUG" else None
+    # keepalive_timeout: aiohttp arms it when a connection opens and after each answer and
+    # closes the connection if no whole request header has arrived by then, so it is also
+    # the bound on a client that sends its header slowly.
     runner = web.AppRunner(app, handle_signals=False, access_log=access_log,
-                           shutdown_timeout=SHUTDOWN_GRACE_S)
+                           shutdown_timeout=SHUTDOWN_GRACE_S,
+                           keepalive_timeout=cfg.idle_timeout_s)
     await runner.setup()
     try:
-        await web.SockSite(runner, sock, backlog=LISTEN_BACKLOG).start()
-        log.info("config: %r", cfg)  # the token field is repr=False
+        await web.SockSite(runner, sock, backlog=LISTEN_BACKLOG, ssl_context=cfg.tls).start()
+        log.info("config: %r", cfg)  # the token and TLS fields are repr=False
         first = export.state.snapshot
-        announce(f"hubd: serving {_printable(cfg.root)} at {url_of(cfg.host, sock)} "
+        url = url_of(cfg.host, sock, tls=cfg.tls is not None)
+        announce(f"hubd: serving {_printable(cfg.root)} at {url} "
                  f"({first.count} entries, generation {first.generation})")
         del first  # a rescan must be able to free it
         rescanner = Rescanner(export, metrics, cfg.rescan_interval_s, hup)
@@ -131,6 +145,34 @@ async def _serve_until(stop: asyncio.Event, hup: asyncio.Event, cfg: HubConfig,
             rescans.cancel()
     finally:
         await runner.cleanup()
+
+
+class ClientErrorFilter(logging.Filter):
+    """On ``aiohttp.server``: a request the parser rejected becomes one DEBUG line.
+
+    aiohttp logs "Error handling request" with a traceback at ERROR for every malformed
+    request. When the exception is an ``HttpProcessingError`` (a 4xx the client caused),
+    the record is rewritten to DEBUG without the traceback, its text cut short and on one
+    line (it quotes what the client sent), and dropped unless DEBUG is on.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        detail = " ".join(str(exc).split())
+        record.msg = "rejected a malformed request: %s"
+        record.args = (detail[:200],)
+        record.exc_info = None
+        record.exc_text = None
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return log.isEnabledFor(logging.DEBUG)
+
+
+def install_log_filters() -> None:
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, ClientErrorFilter) for f in server_log.filters):
+        server_log.addFilter(ClientErrorFilter())
 
 
 def announce(line: str) -> None:

@@ -133,6 +133,9 @@ _MAGIC_HEAD = b"SPKS"
 _MAGIC_CHANGES = b"SPKC"
 _MAGIC_TAIL = b"SPKE"
 _ALLOWED_TYPES = (stat.S_IFDIR, stat.S_IFREG, stat.S_IFLNK)
+# Plain bytes inflated per step while decoding: zlib expands up to ~1000:1, so a hostile
+# stream could otherwise turn one 1 MiB chunk into 1 GiB in one call.
+_PLAIN_STEP = 1 << 20
 
 
 class WireError(ValueError):
@@ -388,16 +391,29 @@ class _StreamDecoder:
         raise NotImplementedError
 
     def _feed(self, data: bytes) -> Iterator[object]:
-        plain = self._z.decompress(data)
-        if self.done:
-            if plain or self._z.unused_data:
-                raise WireError(f"data after the {self._what} trailer")
-            return
-        self._buf += plain
-        yield from self._drain()
+        while True:
+            plain = self._inflate(data)
+            if self.done:
+                if plain or self._z.unused_data or self._z.unconsumed_tail:
+                    raise WireError(f"data after the {self._what} trailer")
+                return
+            self._buf += plain
+            yield from self._drain()
+            data = self._z.unconsumed_tail  # more output than _PLAIN_STEP: go on
+            if not data:
+                return
+
+    def _inflate(self, data: bytes) -> bytes:
+        try:
+            return self._z.decompress(data, _PLAIN_STEP)
+        except zlib.error as exc:
+            raise WireError(f"{self._what} is not a zlib stream ({exc})") from None
 
     def _finish(self) -> None:
-        self._buf += self._z.flush()
+        try:
+            self._buf += self._z.flush()
+        except zlib.error as exc:
+            raise WireError(f"{self._what} is not a zlib stream ({exc})") from None
         list(self._drain())
         if not self.done or not self._z.eof or self._count is None:
             raise WireError(f"{self._what} stream ended early (truncated)")

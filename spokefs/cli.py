@@ -3,6 +3,10 @@
 The only module that reads argv and files named on the command line; it builds a frozen
 ``SpokeConfig``. User errors print one line ``spokefs: error: ...`` and exit 1 (usage errors
 exit 2, from argparse); never a traceback.
+
+Secrets: the token is read from ``--token-file`` (so only the file's path is in argv and
+``/proc/PID/cmdline``), never from the URL, and no message quotes it. ``https://`` hubs
+are verified against the system's roots, or only against ``--ca-file``'s CA.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import os
 import re
 import shutil
 import signal
+import ssl
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +37,11 @@ log = logging.getLogger("spokefs")
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _MIN_CACHE_BYTES = 1 << 20
+_MAX_TOKEN_BYTES = 4096  # as hubd: a token is a secret string, not a file to slurp
+# Visible ASCII, no spaces: sendable unchanged in ``Authorization: Bearer`` (hubd checks
+# the same), and an HTTP library never echoes it back in a header-validation error.
+_TOKEN_RE = re.compile(r"[\x21-\x7e]+")
+_LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
 def parse_size(text: str) -> int:
@@ -44,6 +55,9 @@ def parse_size(text: str) -> int:
 def _hub_url(text: str) -> str:
     """Validate the hub URL (a mount error, exit 1, like an unreachable hub)."""
     parts = urlsplit(text)
+    if "@" in parts.netloc:
+        # a secret in the URL would end up in argv, logs and metrics: never quote it
+        raise UserError("bad hub URL: no user or password in it; put the token in --token-file")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UserError(f"bad hub URL {text!r}: want http(s)://HOST:PORT")
     try:
@@ -53,6 +67,51 @@ def _hub_url(text: str) -> str:
     if parts.query or parts.fragment:
         raise UserError(f"bad hub URL {text!r}: no query or fragment allowed")
     return text.rstrip("/")
+
+
+def _read_token(path: Path) -> str:
+    """The token in ``path``, surrounding whitespace stripped; never quoted in an error."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_MAX_TOKEN_BYTES + 1).strip()
+    except OSError as exc:
+        raise UserError(f"cannot read --token-file {path}: {exc.strerror}") from None
+    if not raw:
+        raise UserError(f"--token-file {path} is empty")
+    token = raw.decode("ascii", "replace")
+    if len(raw) > _MAX_TOKEN_BYTES or not _TOKEN_RE.fullmatch(token):
+        raise UserError(f"--token-file {path} must hold one word of at most "
+                        f"{_MAX_TOKEN_BYTES} visible ASCII characters")
+    return token
+
+
+def _warn_exposed_token(path: Path | None) -> None:
+    """One warning when the token file is open to group or others (it should be 0600)."""
+    if path is None:
+        return
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return  # it was readable a moment ago; the mount will say what goes wrong
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("token file %s has mode %04o: group or others can read it; chmod 600 it",
+                    path, stat.S_IMODE(mode))
+
+
+def _client_tls(hub_url: str, ca_file: Path | None) -> ssl.SSLContext | None:
+    """The TLS context for an https hub: the system roots, or only ``ca_file``'s CA."""
+    if urlsplit(hub_url).scheme != "https":
+        if ca_file is not None:
+            raise UserError("--ca-file needs an https:// hub URL")
+        return None
+    try:
+        ctx = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+    except (ssl.SSLError, ValueError):  # before OSError: SSLError is one
+        raise UserError(f"--ca-file {ca_file} holds no PEM certificate") from None
+    except OSError as exc:
+        raise UserError(f"cannot read --ca-file {ca_file}: {exc.strerror}") from None
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2  # create_default_context verifies host names
+    return ctx
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,7 +129,11 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--gid", type=int, default=0, help="group shown for all entries (default 0)")
     m.add_argument("--metrics-port", type=int, default=9108, help="0 turns metrics off")
     m.add_argument("--metrics-addr", default="0.0.0.0", help="address /metrics listens on")
-    m.add_argument("--token-file", type=Path, help="file holding the hub's bearer token")
+    m.add_argument("--token-file", type=Path,
+                   help="file holding the hub's bearer token (keep it mode 0600)")
+    m.add_argument("--ca-file", type=Path,
+                   help="PEM CA certificate(s) to trust for an https:// hub instead of the "
+                        "system's roots")
     m.add_argument("--hub-deadline", type=float, default=60.0,
                    help="seconds an uncached read retries before EIO (default 60)")
     m.add_argument("--mount-deadline", type=float, default=5.0,
@@ -97,14 +160,9 @@ def _parser() -> argparse.ArgumentParser:
 def _config(args: argparse.Namespace) -> SpokeConfig:
     if args.cache_size < _MIN_CACHE_BYTES:
         raise UserError(f"--cache-size {args.cache_size} is too small (at least 1M)")
-    token = None
-    if args.token_file is not None:
-        try:
-            token = args.token_file.read_text().strip()
-        except OSError as exc:
-            raise UserError(f"cannot read --token-file {args.token_file}: {exc.strerror}") from None
-        if not token:
-            raise UserError(f"--token-file {args.token_file} is empty")
+    token = _read_token(args.token_file) if args.token_file is not None else None
+    hub_url = _hub_url(args.hub_url)
+    tls = _client_tls(hub_url, args.ca_file)
     if not 0 <= args.metrics_port <= 65535:
         raise UserError(f"--metrics-port {args.metrics_port} is not a port")
     if args.refresh_interval < 0:
@@ -113,10 +171,10 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
         if getattr(args, name) <= 0:
             raise UserError(f"--{name.replace('_', '-')} must be positive")
     return SpokeConfig(
-        hub_url=_hub_url(args.hub_url), mountpoint=args.mountpoint.absolute(),
+        hub_url=hub_url, mountpoint=args.mountpoint.absolute(),
         cache_dir=args.cache_dir.absolute(), cache_max_bytes=args.cache_size,
         uid=args.uid, gid=args.gid, metrics_port=args.metrics_port,
-        metrics_addr=args.metrics_addr, token=token, hub_deadline_s=args.hub_deadline,
+        metrics_addr=args.metrics_addr, token=token, tls=tls, hub_deadline_s=args.hub_deadline,
         mount_deadline_s=args.mount_deadline, daemon=args.daemon, log_level=args.log_level,
         refresh_interval_s=args.refresh_interval,
         prefetch=PrefetchConfig(enabled=not args.no_prefetch),
@@ -135,6 +193,13 @@ def _setup_logging(level: str, log_file: Path | None) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     faulthandler.enable()
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # stack dump on demand
+
+
+def _warn_plain_token(cfg: SpokeConfig) -> None:
+    host = urlsplit(cfg.hub_url).hostname
+    if cfg.token is not None and cfg.tls is None and host not in _LOOPBACK:
+        log.warning("the token goes to %s over plain HTTP: anyone on the path can read it; "
+                    "serve hubd with --tls-cert/--tls-key and use https://", cfg.hub_url)
 
 
 def _mount(cfg: SpokeConfig, ready_fd: int | None) -> int:
@@ -210,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = _config(args)
         ready_fd = _daemonize() if cfg.daemon else None
         _setup_logging(cfg.log_level, args.log_file)
+        _warn_exposed_token(args.token_file)
+        _warn_plain_token(cfg)
         return _mount(cfg, ready_fd)
     except UserError as exc:
         print(f"spokefs: error: {exc}", file=sys.stderr, flush=True)

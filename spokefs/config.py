@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ssl
+from dataclasses import dataclass, field
 from pathlib import Path
 
 BLOCK_SIZE = 4096
@@ -56,7 +57,9 @@ class SpokeConfig:
         cache_max_bytes: bound on cached block bytes (LMDB value sizes).
         uid, gid: owner shown for every entry (the export's modes are kept).
         metrics_port: Prometheus endpoint port; 0 disables it.
-        token: bearer token for the hub, or None.
+        token: bearer token for the hub, or None (never logged: ``repr=False``).
+        tls: the client TLS context for an ``https://`` hub (system roots, or only the CA
+            of ``--ca-file``; TLS >= 1.2, certificate and host name verified), else None.
         hub_deadline_s: how long an uncached read keeps retrying before EIO.
         hub_request_timeout_s: one HTTP request, connect to last byte.
         mount_deadline_s: how long ``mount`` tries to get the snapshot before it gives up.
@@ -77,7 +80,8 @@ class SpokeConfig:
     gid: int = 0
     metrics_port: int = 9108
     metrics_addr: str = "0.0.0.0"
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
+    tls: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
     hub_deadline_s: float = 60.0
     hub_request_timeout_s: float = 30.0
     mount_deadline_s: float = 5.0

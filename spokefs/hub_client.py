@@ -8,13 +8,21 @@ with capped exponential backoff and full jitter until that deadline, then raised
 404/412 -> ``StaleExport``, 401 -> ``HubUnauthorized``, other 4xx -> ``HubProtocolError``.
 
 Every blob body is checked against the hub's ``X-Spokefs-XXH3`` before it is returned, so
-bytes damaged on the way are never cached.
+bytes damaged on the way are never cached; a blob or pack answer is never read past the
+bytes asked for (a lying hub cannot fill memory). A snapshot answer with another content
+type is a bad snapshot (``wire.WireError``).
+
+TLS: an ``https://`` hub is verified with the ``ssl.SSLContext`` from the CLI (system roots
+or ``--ca-file``). A certificate that does not verify is not transient: it fails at once
+as ``HubUnavailable`` ("certificate verify failed: ..."), without retries. The bearer token
+is a default header of the client: it is never logged or put in a message.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -42,6 +50,9 @@ T = TypeVar("T")
 _BACKOFF_FIRST_S = 0.1
 _BACKOFF_MAX_S = 5.0  # a hub back from an outage is noticed within this long
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# OpenSSL's X509_V_ERR_* for an issuer we do not trust (unknown, missing or self-signed)
+_ISSUER_CODES = frozenset({2, 18, 19, 20, 21})
+_ERROR_BODY_MAX = 64 << 10  # hubd's JSON errors are one line; read them so the connection stays
 
 
 class _Retry(Exception):
@@ -69,10 +80,12 @@ class HubClient:
         max_connections: int,
         request_timeout_s: float,
         deadline_s: float,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._deadline_s = deadline_s
-        headers = {"User-Agent": "spokefs/0.1"}
+        # identity: bodies are read raw and capped, so nothing may inflate them on the way
+        headers = {"User-Agent": "spokefs/0.1", "Accept-Encoding": "identity"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.AsyncClient(
@@ -84,6 +97,7 @@ class HubClient:
             ),
             trust_env=False,  # never route hub traffic through an HTTP_PROXY from the environment
             follow_redirects=False,
+            verify=tls if tls is not None else True,  # https: system roots by default
         )
         self.reachable = True
 
@@ -107,7 +121,8 @@ class HubClient:
                 self._check_status(resp, "snapshot")
                 ctype = resp.headers.get("content-type", "")
                 if not ctype.startswith(wire.SNAPSHOT_MEDIA_TYPE):
-                    raise HubProtocolError(f"snapshot has content type {ctype!r}")
+                    raise wire.WireError(f"content type {ctype[:60]!r}, not "
+                                         f"{wire.SNAPSHOT_MEDIA_TYPE}")
                 parts = [chunk async for chunk in resp.aiter_raw()]
             body = b"".join(parts)
             metrics.LINK_BYTES.inc(len(body))
@@ -149,9 +164,9 @@ class HubClient:
         headers = {"Range": f"bytes={start}-{start + length - 1}"}
 
         async def attempt() -> bytes:
-            resp = await self._http.get(path, headers=headers)
-            self._check_status(resp, "blob")
-            body = resp.content
+            async with self._http.stream("GET", path, headers=headers) as resp:
+                await self._check_streamed(resp, "blob")
+                body = await _read_capped(resp, length)
             metrics.LINK_BYTES.inc(len(body))
             if resp.status_code != 206 or len(body) != length:
                 raise HubProtocolError(
@@ -178,14 +193,19 @@ class HubClient:
         """
         body = wire.encode_pack_request(items)
 
+        # hubd answers at most MAX_RANGE_BYTES of files plus one record header per item
+        cap = wire.MAX_RANGE_BYTES + len(items) * wire.PACK_RECORD.size
+
         async def attempt() -> dict[tuple[int, int], bytes | None]:
-            resp = await self._http.post(
-                wire.PACK_PATH, content=body, headers={"Content-Type": "application/octet-stream"}
-            )
-            self._check_status(resp, "pack")
-            metrics.LINK_BYTES.inc(len(resp.content))
+            async with self._http.stream(
+                "POST", wire.PACK_PATH, content=body,
+                headers={"Content-Type": "application/octet-stream"},
+            ) as resp:
+                await self._check_streamed(resp, "pack")
+                answer = await _read_capped(resp, cap)
+            metrics.LINK_BYTES.inc(len(answer))
             try:
-                records = wire.decode_pack(resp.content, items)
+                records = wire.decode_pack(answer, items)
             except wire.WireError as exc:
                 raise HubProtocolError(f"bad pack answer: {exc}") from None
             out: dict[tuple[int, int], bytes | None] = {}
@@ -196,6 +216,16 @@ class HubClient:
             return out
 
         return await self._with_retries("pack", attempt, None, bound_attempt=True)
+
+    async def _check_streamed(self, resp: httpx.Response, kind: str) -> None:
+        """``_check_status`` for a streamed answer; an error's short body is read first so
+        the connection can be reused."""
+        if resp.status_code not in (200, 206):
+            try:
+                await _read_capped(resp, _ERROR_BODY_MAX)
+            except HubProtocolError:
+                pass  # an over-long error body: the connection is closed instead
+        self._check_status(resp, kind)
 
     def _check_status(self, resp: httpx.Response, kind: str) -> None:
         status = resp.status_code
@@ -231,6 +261,11 @@ class HubClient:
             except trio.TooSlowError:
                 failure = _Retry("timeout", f"no answer within {limit:.1f}s")
             except (httpx.TransportError, _Retry) as exc:
+                if (untrusted := _certificate_failure(exc)) is not None:
+                    # retrying cannot make a certificate verify: fail now, clearly
+                    metrics.HUB_ERRORS.labels(reason="tls").inc()
+                    raise HubUnavailable(f"hub {self.base_url}: {untrusted}") from _Retry(
+                        "tls", untrusted)
                 failure = exc if isinstance(exc, _Retry) else _Retry(type(exc).__name__, str(exc))
             else:
                 metrics.HUB_SECONDS.labels(kind=kind).observe(time.monotonic() - started)
@@ -255,3 +290,32 @@ class HubClient:
                 log.warning("hub %s reachable again", self.base_url)
             else:
                 log.warning("hub %s unreachable: %s", self.base_url, why)
+
+
+async def _read_capped(resp: httpx.Response, cap: int) -> bytes:
+    """The raw body of a streamed answer, at most ``cap`` bytes (else HubProtocolError)."""
+    declared = resp.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise HubProtocolError(f"answer of {declared} bytes, more than the {cap} asked for")
+    parts: list[bytes] = []
+    received = 0
+    async for chunk in resp.aiter_raw():
+        received += len(chunk)
+        if received > cap:
+            raise HubProtocolError(f"answer longer than the {cap} bytes asked for")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _certificate_failure(exc: BaseException) -> str | None:
+    """The reason when ``exc`` comes from a server certificate that did not verify."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, ssl.SSLCertVerificationError):
+            why = cur.verify_message or cur.reason or "unknown reason"
+            hint = " (trust the hub's CA with --ca-file)" if cur.verify_code in _ISSUER_CODES else ""
+            return f"certificate verify failed: {why}{hint}"
+        cur = cur.__cause__ or cur.__context__
+    return None

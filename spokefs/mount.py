@@ -82,6 +82,7 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             HubClient(
                 cfg.hub_url, token=cfg.token, max_connections=cfg.hub_max_connections,
                 request_timeout_s=cfg.hub_request_timeout_s, deadline_s=cfg.hub_deadline_s,
+                tls=cfg.tls,
             )
         )
         ns = Namespace(cfg.cache_dir / "namespace")
