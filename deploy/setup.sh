@@ -9,8 +9,9 @@ want_test=0
 
 debs=(fuse3 libfuse3-dev pkg-config gcc)
 python3 -c 'import venv, ensurepip' 2>/dev/null || debs+=(python3-venv python3-dev)
-# prometheus: the observability tests run a real Prometheus and its promtool
-[ "$want_test" = 1 ] && debs+=(fio prometheus)
+# prometheus: the observability tests run a real Prometheus and its promtool;
+# openssl (priority optional, not in minimal images): the TLS tests make a throwaway CA
+[ "$want_test" = 1 ] && debs+=(fio prometheus openssl)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

@@ -130,7 +130,7 @@ def read_token(path: str) -> bytes:
 def warn_if_exposed(path: str, mode: int) -> None:
     """One warning when a secret file is open to group or others."""
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        log.warning("token file %s has mode %04o: group or others can read it; "
+        log.warning("token file %s has mode %04o: group or others have access to it; "
                     "chmod 600 it", path, stat.S_IMODE(mode))
 
 

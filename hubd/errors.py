@@ -63,6 +63,13 @@ class Unauthorized(HubError):
     reason = "unauthorized"
 
 
+class RequestTimeout(HubError):
+    """The request body did not arrive within the idle timeout (a slow or stalled client)."""
+
+    status = 408
+    reason = "request-timeout"
+
+
 class Forbidden(HubError):
     """The file exists in the snapshot but hubd may not open it (EACCES)."""
 

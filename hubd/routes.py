@@ -12,6 +12,7 @@ only ends that response (logged at DEBUG).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 
@@ -20,7 +21,7 @@ from aiohttp import hdrs, web
 from hubd import wire
 from hubd.config import HubConfig
 from hubd.changes import ChangeFeed
-from hubd.errors import BadGeneration, BadId, BadPack
+from hubd.errors import BadGeneration, BadId, BadPack, RequestTimeout
 from hubd.export_root import ExportRoot
 from hubd.metrics import METRICS
 from hubd.range_reader import RangeReader, parse_range
@@ -134,16 +135,22 @@ async def pack(request: web.Request) -> web.StreamResponse:
 
 
 async def _read_pack_request(request: web.Request) -> list[tuple[int, int]]:
-    """The (file id, version) pairs of a pack request; never reads past the size limit."""
+    """The (file id, version) pairs of a pack request; never reads past the size limit,
+    nor waits longer than the idle timeout for it (a client sending its body slowly)."""
     limit = wire.MAX_PACK_FILES * wire.PACK_ITEM.size
     declared = request.content_length
     body = bytearray()
     if declared is None or declared <= limit:
-        while len(body) <= limit:
-            chunk = await request.content.read(limit + 1 - len(body))
-            if not chunk:
-                break
-            body += chunk
+        wait_s = request.app[CONFIG].idle_timeout_s
+        try:
+            async with asyncio.timeout(wait_s):
+                while len(body) <= limit:
+                    chunk = await request.content.read(limit + 1 - len(body))
+                    if not chunk:
+                        break
+                    body += chunk
+        except TimeoutError:
+            raise RequestTimeout(f"the pack body did not arrive within {wait_s:g} s") from None
     if len(body) > limit or (declared or 0) > limit:
         raise BadPack(f"a pack asks for at most {wire.MAX_PACK_FILES} files "
                       f"({limit} bytes of body)")

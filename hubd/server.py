@@ -38,6 +38,10 @@ log = logging.getLogger(__name__)
 
 LISTEN_BACKLOG = 1024  # many spokes connect at once after a job starts
 SHUTDOWN_GRACE_S = 5.0  # in-flight answers get this long after SIGTERM
+# After an answer to a request whose body was not read (a 408 to a slow pack body, an
+# error before the body), aiohttp keeps reading and dropping the body this long so the
+# client sees the answer before the close; its default, 10 s, lets a slow client hold on.
+LINGER_S = 2.0
 
 
 async def serve(cfg: HubConfig) -> int:
@@ -127,7 +131,7 @@ async def _serve_until(stop: asyncio.Event, hup: asyncio.Event, cfg: HubConfig,
     # the bound on a client that sends its header slowly.
     runner = web.AppRunner(app, handle_signals=False, access_log=access_log,
                            shutdown_timeout=SHUTDOWN_GRACE_S,
-                           keepalive_timeout=cfg.idle_timeout_s)
+                           keepalive_timeout=cfg.idle_timeout_s, lingering_time=LINGER_S)
     await runner.setup()
     try:
         await web.SockSite(runner, sock, backlog=LISTEN_BACKLOG, ssl_context=cfg.tls).start()
@@ -152,17 +156,18 @@ class ClientErrorFilter(logging.Filter):
 
     aiohttp logs "Error handling request" with a traceback at ERROR for every malformed
     request. When the exception is an ``HttpProcessingError`` (a 4xx the client caused),
-    the record is rewritten to DEBUG without the traceback, its text cut short and on one
-    line (it quotes what the client sent), and dropped unless DEBUG is on.
+    the record is rewritten to DEBUG without the traceback and without the bytes aiohttp
+    quotes (they may hold a header and its secret), and dropped unless DEBUG is on.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if not isinstance(exc, HttpProcessingError):
             return True
-        detail = " ".join(str(exc).split())
-        record.msg = "rejected a malformed request: %s"
-        record.args = (detail[:200],)
+        # Only the reason, never the quoted bytes (which may hold a header, a token).
+        reason = " ".join(str(exc.message).split(":", 1)[0].split())[:100]
+        record.msg = "rejected a malformed request (%d): %s"
+        record.args = (exc.code, reason)
         record.exc_info = None
         record.exc_text = None
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"

@@ -94,7 +94,8 @@ def _warn_exposed_token(path: Path | None) -> None:
     except OSError:
         return  # it was readable a moment ago; the mount will say what goes wrong
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        log.warning("token file %s has mode %04o: group or others can read it; chmod 600 it",
+        log.warning("token file %s has mode %04o: group or others have access to it; "
+                    "chmod 600 it",
                     path, stat.S_IMODE(mode))
 
 

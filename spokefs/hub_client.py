@@ -2,8 +2,8 @@
 
 Runs on httpx (through anyio's trio backend) with one pooled ``AsyncClient``: keep-alive
 connections, at most ``hub_max_connections`` of them. Every call has a deadline; transient
-failures (connection errors, timeouts, 5xx, 429, a body that fails its checksum) are retried
-with capped exponential backoff and full jitter until that deadline, then raised as
+failures (connection errors, timeouts, 5xx, 429, 408, a body that fails its checksum) are
+retried with capped exponential backoff and full jitter until that deadline, then raised as
 ``HubUnavailable``. Answers that retrying cannot fix map straight to domain errors:
 404/412 -> ``StaleExport``, 401 -> ``HubUnauthorized``, other 4xx -> ``HubProtocolError``.
 
@@ -49,7 +49,7 @@ T = TypeVar("T")
 
 _BACKOFF_FIRST_S = 0.1
 _BACKOFF_MAX_S = 5.0  # a hub back from an outage is noticed within this long
-_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})  # 408: our body came too slowly
 # OpenSSL's X509_V_ERR_* for an issuer we do not trust (unknown, missing or self-signed)
 _ISSUER_CODES = frozenset({2, 18, 19, 20, 21})
 _ERROR_BODY_MAX = 64 << 10  # hubd's JSON errors are one line; read them so the connection stays
@@ -315,7 +315,8 @@ def _certificate_failure(exc: BaseException) -> str | None:
         seen.add(id(cur))
         if isinstance(cur, ssl.SSLCertVerificationError):
             why = cur.verify_message or cur.reason or "unknown reason"
-            hint = " (trust the hub's CA with --ca-file)" if cur.verify_code in _ISSUER_CODES else ""
+            untrusted_issuer = cur.verify_code in _ISSUER_CODES
+            hint = " (trust the hub's CA with --ca-file)" if untrusted_issuer else ""
             return f"certificate verify failed: {why}{hint}"
         cur = cur.__cause__ or cur.__context__
     return None

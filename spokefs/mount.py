@@ -97,7 +97,7 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             prefetcher = Prefetcher(
                 fetcher, _dir_lister(ns), cfg.prefetch, cfg.cache_max_bytes
             )
-        reader = Reader(fetcher, prefetcher, cfg.prefetch.small_file_bytes)
+        reader = Reader(fetcher, prefetcher, cfg.prefetch.small_file_bytes, cfg.hub_deadline_s)
         ops = SpokeOps(ns, reader, Control(ns, reader, refresher), cfg)
         _start_metrics(cfg)
         try:

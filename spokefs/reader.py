@@ -5,15 +5,22 @@ overlaps the demand fetch.
 
 A small file (up to ``small_file_bytes``) is fetched whole on its first miss: one round trip
 instead of one per kernel read.
+
+A read that misses waits at most ``deadline_s`` (the hub deadline) in all, then fails with
+``HubUnavailable`` (EIO): waiting for someone else's fetch of the same chunk (a prefetch) that
+then fails does not start a whole new deadline for the read's own fetch.
 """
 
 from __future__ import annotations
 
 import time
 
+import trio
+
 from spokefs import metrics
 from spokefs.block_cache import CacheStats
 from spokefs.config import BLOCK_SIZE
+from spokefs.errors import HubUnavailable
 from spokefs.fetcher import Fetcher
 from spokefs.prefetcher import Prefetcher, Stream
 from spokefs.types import FileVersion
@@ -22,10 +29,12 @@ from spokefs.types import FileVersion
 class Reader:
     """Serves reads of open streams from the block cache, filling it from the hub."""
 
-    def __init__(self, fetcher: Fetcher, prefetcher: Prefetcher | None, small_file_bytes: int):
+    def __init__(self, fetcher: Fetcher, prefetcher: Prefetcher | None, small_file_bytes: int,
+                 deadline_s: float | None = None):
         self._fetcher = fetcher
         self._prefetcher = prefetcher
         self._small = small_file_bytes
+        self._deadline_s = deadline_s  # None: only the hub client's own deadlines apply
 
     def open(self, fv: FileVersion, parent_id: int) -> Stream:
         """A stream for a newly opened handle (the prefetcher also learns of the open)."""
@@ -63,13 +72,25 @@ class Reader:
         blocks = await self._fetcher.cache.get_blocks(fv.file_id, fv.version, first, last)
         hits = len(blocks)
         if hits < last - first + 1:
-            await self._fill(fv, first, last, blocks)
+            await self._fill_within_deadline(fv, first, last, blocks)
         self._fetcher.note_used(fv, first, last)
         data = b"".join(blocks[i] for i in range(first, last + 1))
         start = offset - first * BLOCK_SIZE
         out = data[start : start + end - offset]
         self._account(len(out), hits, last - first + 1, time.monotonic() - started)
         return out
+
+    async def _fill_within_deadline(
+        self, fv: FileVersion, first: int, last: int, blocks: dict[int, bytes]
+    ) -> None:
+        if self._deadline_s is None:
+            await self._fill(fv, first, last, blocks)
+            return
+        with trio.move_on_after(self._deadline_s) as scope:
+            await self._fill(fv, first, last, blocks)
+        if scope.cancelled_caught:
+            raise HubUnavailable(f"blocks not fetched within the hub deadline "
+                                 f"({self._deadline_s:g}s)")
 
     async def _fill(self, fv: FileVersion, first: int, last: int, blocks: dict[int, bytes]) -> None:
         """Add blocks ``first..last`` to ``blocks``, from the hub or from others' fetches."""

@@ -3,10 +3,12 @@ from __future__ import annotations
 import os
 import random
 
+import pytest
 import trio
 
 from spokefs.block_cache import BlockCache
 from spokefs.config import BLOCK_SIZE
+from spokefs.errors import HubUnavailable
 from spokefs.fetcher import Fetcher
 from spokefs.reader import Reader
 from spokefs.types import FileVersion
@@ -96,3 +98,42 @@ async def test_empty_file_and_eof(tmp_path):
     assert await reader.read(abc, 0, 4096) == b"abc"
     assert await reader.read(abc, 3, 4096) == b""
     assert not [c for c in hub.calls if c[0] == 3]
+
+
+class _DownHub(FakeHub):
+    """Every fetch fails after ``deadline_s``, as HubClient does while the hub is away."""
+
+    def __init__(self, deadline_s: float) -> None:
+        super().__init__({})
+        self.deadline_s = deadline_s
+
+    async def fetch_range(self, file_id: int, version: int, start: int, length: int) -> bytes:
+        self.calls.append((file_id, version, start, length))
+        await trio.sleep(self.deadline_s)
+        raise HubUnavailable("hub away")
+
+
+async def test_a_read_behind_a_failing_prefetch_fails_within_one_deadline(tmp_path,
+                                                                          autojump_clock):
+    # the read waits for the prefetch of its chunk; when that fails, its own fetch gets only
+    # what is left of the read's deadline, not a whole new one
+    hub = _DownHub(10.0)
+    fetcher = Fetcher(BlockCache(tmp_path, 64 << 20), hub)  # type: ignore[arg-type]
+    reader = Reader(fetcher, None, SMALL, deadline_s=10.0)
+    fv = FileVersion(3, 1, BLOCK_SIZE * 64)
+    stream = reader.open(fv, 2)
+
+    async def prefetch() -> None:
+        with pytest.raises(HubUnavailable):
+            await fetcher.prefetch_range(fv, 0, fv.size)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(prefetch)
+        while not hub.calls:  # the prefetch holds the chunk and waits for the hub
+            await trio.sleep(0.001)
+        await trio.sleep(5)
+        started = trio.current_time()
+        with pytest.raises(HubUnavailable):
+            await reader.read(stream, 0, BLOCK_SIZE)
+        assert trio.current_time() - started <= 10.0 + 1e-6
+    assert len(hub.calls) == 2, hub.calls  # the prefetch, then the read's own try

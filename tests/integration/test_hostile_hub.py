@@ -1,0 +1,226 @@
+"""A hostile or broken hub cannot crash, mislead or fill a spoke.
+
+A fake hub (``http.server`` in a thread of this process) serves crafted ``/v1/snapshot``
+bytes, built with ``hubd.wire``'s encoders or by hand. ``spokefs mount`` must refuse each
+one with one line ``spokefs: error: the hub at URL sent a bad snapshot: ...``, exit 1, no
+traceback, nothing mounted. Then a hub that lies about a blob's checksum: reads fail with
+EIO and never return its bytes, and nothing bad is cached (once the hub tells the truth,
+the same read returns the right bytes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import stat
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from hubd import wire
+from tests.helpers import procs
+from tests.helpers.procs import SpokeMount
+
+pytestmark = pytest.mark.fuse
+
+ROOT_ID = 2
+GEN = 7
+DIR = stat.S_IFDIR | 0o755
+REG = stat.S_IFREG | 0o644
+FAIL_TIMEOUT_S = 60
+FILE_BYTES = bytes(range(256)) * 40  # 10,240 bytes
+
+
+def entry(fid: int, parent: int, name: bytes, mode: int = REG, size: int = 0,
+          target: bytes = b"", version: int = 1) -> wire.Entry:
+    return wire.Entry(fid, parent, mode, size, 1_700_000_000 * 10**9, 1, version, name, target)
+
+
+ROOT = entry(ROOT_ID, 0, b"", DIR)
+
+
+def snapshot(*entries: wire.Entry, count: int | None = None) -> bytes:
+    """A snapshot of ROOT plus ``entries``; ``count`` overrides the declared entry count."""
+    items = [ROOT, *entries]
+    n = len(items) if count is None else count
+    plain = (wire.encode_header(GEN, ROOT_ID, n) + b"".join(map(wire.encode_entry, items))
+             + wire.encode_trailer(n))
+    return zlib.compress(plain)
+
+
+def zlib_bomb() -> bytes:
+    """A valid header, then 512 MiB of zeros: ~0.5 MB on the wire."""
+    comp = zlib.compressobj(9)
+    parts = [comp.compress(wire.encode_header(GEN, ROOT_ID, 2))]
+    zeros = bytes(1 << 20)
+    parts += [comp.compress(zeros) for _ in range(512)]
+    return b"".join(parts) + comp.flush()
+
+
+GOOD = snapshot(entry(3, ROOT_ID, b"f", size=len(FILE_BYTES)))
+
+# name -> (snapshot bytes or a factory, content type, what the error line must mention)
+HOSTILE: dict[str, tuple[bytes | Callable[[], bytes], str, str]] = {
+    "slash-in-name": (snapshot(entry(3, ROOT_ID, b"a/b")), "", "bad name"),
+    "nul-in-name": (snapshot(entry(3, ROOT_ID, b"a\0b")), "", "bad name"),
+    "dotdot-name": (snapshot(entry(3, ROOT_ID, b"..")), "", "bad name"),
+    "empty-name": (snapshot(entry(3, ROOT_ID, b"")), "", "name"),
+    "absurd-size": (snapshot(entry(3, ROOT_ID, b"big", size=2**62 + 1)), "", "absurd size"),
+    "negative-size": (snapshot(entry(3, ROOT_ID, b"neg", size=2**64 - 1)), "", "absurd size"),
+    "cycle": (snapshot(entry(3, ROOT_ID, b"a", DIR), entry(4, 3, b"b", DIR),
+                       entry(3, 4, b"a-again", DIR)), "", "cycle"),
+    "parent-later": (snapshot(entry(4, 3, b"child"), entry(3, ROOT_ID, b"dir", DIR)), "",
+                     "not seen yet"),
+    "parent-is-file": (snapshot(entry(3, ROOT_ID, b"f"), entry(4, 3, b"under-a-file")), "",
+                       "not seen yet"),
+    "duplicate-names": (snapshot(entry(3, ROOT_ID, b"x"), entry(4, ROOT_ID, b"x")), "",
+                        "listed twice"),
+    "device-node": (snapshot(entry(3, ROOT_ID, b"dev", stat.S_IFCHR | 0o666)), "",
+                    "unsupported file type"),
+    "symlink-nul": (snapshot(entry(3, ROOT_ID, b"l", stat.S_IFLNK | 0o777, target=b"a\0b")),
+                    "", "symlink"),
+    "id-zero": (snapshot(entry(0, ROOT_ID, b"zero")), "", "below"),
+    "truncated-zlib": (GOOD[:-12], "", "truncated"),
+    "garbage": (bytes(range(256)) * 64, "", "not a zlib stream"),
+    "empty-body": (b"", "", "truncated"),
+    "bad-magic": (zlib.compress(b"XXXX" + wire.encode_header(GEN, ROOT_ID, 1)[4:]), "",
+                  "not a v1 snapshot"),
+    "wrong-content-type": (GOOD, "text/html; charset=utf-8", "content type"),
+    "enormous-count": (snapshot(count=2**63), "", "absurd snapshot header"),
+    "count-too-high": (snapshot(count=49_999_999), "", "truncated"),
+    "data-after-trailer": (GOOD + zlib.compress(b"more"), "", "after the snapshot"),
+    "zlib-bomb": (zlib_bomb, "", "unsupported file type"),
+}
+
+
+class FakeHub:
+    """A tiny hub whose answers the test sets: ``snapshot``, ``content_type`` and a blob
+    route that can lie about the checksum (``lie``)."""
+
+    def __init__(self) -> None:
+        self.snapshot = GOOD
+        self.content_type = wire.SNAPSHOT_MEDIA_TYPE
+        self.lie = False
+        self.blob_requests = 0
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+                if self.path == wire.SNAPSHOT_PATH:
+                    self._send(200, hub.snapshot, {"Content-Type": hub.content_type,
+                                                   wire.HEADER_GENERATION: str(GEN)})
+                elif self.path == wire.blob_path(3, 1):
+                    hub.blob_requests += 1
+                    first, last = map(int, self.headers["Range"].removeprefix("bytes=").split("-"))
+                    body = FILE_BYTES[first : last + 1]
+                    digest = xxhash.xxh3_64_hexdigest(body + b"!" if hub.lie else body)
+                    self._send(206, body, {
+                        "Content-Type": "application/octet-stream", wire.HEADER_CHECKSUM: digest,
+                        "Content-Range": f"bytes {first}-{last}/{len(FILE_BYTES)}"})
+                else:
+                    self._send(404, b'{"error": "not-found"}', {wire.HEADER_ERROR: "not-found"})
+
+            def do_POST(self) -> None:  # noqa: N802
+                self._send(404, b'{"error": "not-found"}', {wire.HEADER_ERROR: "not-found"})
+
+            def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[FakeHub]:
+        thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            self.server.shutdown()
+            self.server.server_close()
+            thread.join(timeout=10)
+
+
+@pytest.fixture
+def fake_hub() -> Iterator[FakeHub]:
+    with FakeHub().running() as hub:
+        yield hub
+
+
+def mount_fails(url: str, mnt: Path, cache: Path) -> str:
+    """A mount that must fail: exit 1, one error line, no traceback, nothing mounted."""
+    cmd = [sys.executable, "-m", "spokefs", "mount", url, str(mnt), "--cache-dir", str(cache),
+           "--cache-size", "64M", "--metrics-port", "0", "--mount-deadline", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, cwd=procs.REPO_ROOT, env=procs.child_env())
+    try:
+        _, err_b = proc.communicate(timeout=FAIL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        if procs.is_mounted(mnt):
+            procs.fusermount_unmount(mnt)
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"{cmd} did not fail (it mounted or hung)")
+    err = err_b.decode(errors="replace")
+    assert proc.returncode == 1 and "Traceback" not in err, f"exit {proc.returncode}\n{err}"
+    lines = [line for line in err.splitlines() if line.startswith("spokefs: error: ")]
+    assert len(lines) == 1, err
+    assert not procs.is_mounted(mnt)
+    return lines[0]
+
+
+def test_hostile_snapshots_are_refused(fake_hub: FakeHub, tmp_path: Path,
+                                       make_mountpoint: Callable[[str], Path]) -> None:
+    mnt = make_mountpoint("hostile")
+    refused = []
+    for name, (body, ctype, why) in HOSTILE.items():
+        fake_hub.snapshot = body() if callable(body) else body
+        fake_hub.content_type = ctype or wire.SNAPSHOT_MEDIA_TYPE
+        started = time.monotonic()
+        line = mount_fails(fake_hub.url, mnt, tmp_path / f"cache-{name}")
+        prefix = f"spokefs: error: the hub at {fake_hub.url} sent a bad snapshot: "
+        assert line.startswith(prefix), (name, line)
+        assert why in line, (name, line)
+        assert len(line) < 400, (name, line)
+        refused.append((name, time.monotonic() - started))
+    print(f"\nhostile snapshots refused: {len(refused)} "
+          f"({', '.join(f'{n} {s:.1f}s' for n, s in refused)})")
+
+
+def test_lying_blob_checksum_is_eio_and_never_cached(
+        fake_hub: FakeHub, tmp_path: Path, make_mountpoint: Callable[[str], Path]) -> None:
+    spoke = SpokeMount(fake_hub.url, make_mountpoint("liar"), tmp_path / "cache",
+                       tmp_path / "spoke", ("--hub-deadline", "2", "--no-prefetch"))
+    fake_hub.lie = True
+    try:
+        spoke.start()
+        path = spoke.mnt / "f"
+        assert path.stat().st_size == len(FILE_BYTES)
+        with pytest.raises(OSError) as err:
+            path.read_bytes()
+        assert err.value.errno == errno.EIO
+        assert fake_hub.blob_requests >= 2  # a bad body is fetched again before giving up
+        fake_hub.lie = False
+        with open(path, "rb", buffering=0) as f:  # nothing of the lie was cached
+            assert f.read() == FILE_BYTES
+    finally:
+        spoke.unmount()
+    spoke.assert_clean_exit()
+    assert "Traceback" not in spoke.stderr()

@@ -1,0 +1,150 @@
+"""HubClient against a hub that lies: wrong checksums, wrong lengths, bodies far longer
+than asked for, bad pack answers, a snapshot with the wrong content type.
+
+The "hub" is ``http.server`` in a thread of this process, answering what each test sets.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import xxhash
+
+from hubd import wire
+from spokefs.errors import CorruptBlock, HubProtocolError, HubUnavailable
+from spokefs.hub_client import HubClient
+
+DATA = bytes(range(256)) * 64  # 16 KiB
+Answer = Callable[[BaseHTTPRequestHandler], tuple[int, dict[str, str], bytes]]
+
+
+class LyingHub:
+    """Answers every request with ``self.answer(handler)``; counts requests."""
+
+    def __init__(self) -> None:
+        self.answer: Answer = lambda h: (404, {}, b"")
+        self.requests = 0
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _reply(self) -> None:
+                hub.requests += 1
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                status, headers, body = hub.answer(self)
+                self.send_response(status)
+                headers.setdefault("Content-Length", str(len(body)))
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except OSError:
+                    pass  # the client stopped reading: that is the point of some tests
+
+            do_GET = do_POST = _reply  # noqa: N815 - http.server's naming
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+
+@pytest.fixture
+def hub() -> Iterator[LyingHub]:
+    lying = LyingHub()
+    thread = threading.Thread(target=lying.server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield lying
+    finally:
+        lying.server.shutdown()
+        lying.server.server_close()
+        thread.join(timeout=10)
+
+
+def client(hub: LyingHub, deadline_s: float = 0.5) -> HubClient:
+    return HubClient(hub.url, token=None, max_connections=4, request_timeout_s=5,
+                     deadline_s=deadline_s)
+
+
+def ranged(body: bytes, checksum: str | None = None, **extra: str) -> Answer:
+    def answer(h: BaseHTTPRequestHandler) -> tuple[int, dict[str, str], bytes]:
+        first, last = map(int, h.headers["Range"].removeprefix("bytes=").split("-"))
+        part = body[first : last + 1]
+        headers = {"Content-Range": f"bytes {first}-{last}/{len(body)}", **extra}
+        if checksum != "":
+            headers[wire.HEADER_CHECKSUM] = checksum or xxhash.xxh3_64_hexdigest(part)
+        return 206, headers, part
+    return answer
+
+
+async def test_honest_hub_is_read(hub: LyingHub) -> None:
+    hub.answer = ranged(DATA)
+    async with client(hub) as c:
+        assert await c.fetch_range(2, 3, 100, 5000) == DATA[100:5100]
+
+
+async def test_wrong_checksum_is_retried_then_corrupt(hub: LyingHub) -> None:
+    hub.answer = ranged(DATA, checksum="0123456789abcdef")
+    async with client(hub) as c:
+        with pytest.raises(CorruptBlock):
+            await c.fetch_range(2, 3, 0, 4096)
+    assert hub.requests >= 2  # fetched again before giving up
+
+
+@pytest.mark.parametrize("lie", ["missing-checksum", "short", "200-not-206", "too-long",
+                                 "declared-huge"])
+async def test_wrong_bodies_are_protocol_errors(lie: str, hub: LyingHub) -> None:
+    if lie == "missing-checksum":
+        hub.answer = ranged(DATA, checksum="")
+    elif lie == "short":
+        hub.answer = lambda h: (206, {wire.HEADER_CHECKSUM: xxhash.xxh3_64_hexdigest(b"ab")},
+                                b"ab")
+    elif lie == "200-not-206":
+        hub.answer = lambda h: (200, {wire.HEADER_CHECKSUM: xxhash.xxh3_64_hexdigest(DATA[:4096])},
+                                DATA[:4096])
+    elif lie == "too-long":  # more than asked for: never read past what was asked
+        big = bytes(8 << 20)
+        hub.answer = lambda h: (206, {wire.HEADER_CHECKSUM: "0"}, big)
+    else:  # a declared length far past the range: refused before reading the body
+        hub.answer = lambda h: (206, {"Content-Length": str(1 << 40)}, b"x" * 100)
+    async with client(hub) as c:
+        with pytest.raises(HubProtocolError):
+            await c.fetch_range(2, 3, 0, 4096)
+
+
+async def test_bad_pack_answers(hub: LyingHub) -> None:
+    items = [(2, 3), (4, 5)]
+    good = (wire.encode_pack_record(2, 3, b"abc", xxhash.xxh3_64_intdigest(b"abc"))
+            + wire.encode_pack_record(4, 5, None, 0))
+    hub.answer = lambda h: (200, {}, good)
+    async with client(hub) as c:
+        assert await c.fetch_pack(items) == {(2, 3): b"abc", (4, 5): None}
+        swapped = wire.encode_pack_record(4, 5, None, 0) + wire.encode_pack_record(2, 3, None, 0)
+        for body in (good[:-5], swapped, good + b"extra", bytes(64)):  # cut, out of order...
+            hub.answer = lambda h, body=body: (200, {}, body)
+            with pytest.raises(HubProtocolError):
+                await c.fetch_pack(items)
+        lied = wire.encode_pack_record(2, 3, b"abc", 12345) + wire.encode_pack_record(4, 5, None, 0)
+        hub.answer = lambda h: (200, {}, lied)
+        with pytest.raises(HubUnavailable):  # a bad checksum is retried, then given up
+            await c.fetch_pack(items)
+        huge = (wire.MAX_RANGE_BYTES + 1 << 10)
+        hub.answer = lambda h: (200, {"Content-Length": str(huge)}, b"")
+        with pytest.raises(HubProtocolError):
+            await c.fetch_pack(items)
+
+
+async def test_snapshot_with_another_content_type_is_a_bad_snapshot(hub: LyingHub) -> None:
+    hub.answer = lambda h: (200, {"Content-Type": "text/html"}, b"<html>login</html>")
+    async with client(hub) as c:
+        with pytest.raises(wire.WireError, match="content type"):
+            await c.fetch_snapshot()
