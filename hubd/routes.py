@@ -167,17 +167,33 @@ def _parse_id(text: str) -> int:
         raise BadId(str(exc)) from None
 
 
+_SEND_GRACE_S = 30.0
+_SEND_MIN_RATE = 256_000  # bytes per second
+
+
 async def _send(request: web.Request, resp: web.StreamResponse,
                 chunks: Iterable[bytes | memoryview]) -> None:
-    """Prepare ``resp`` and write ``chunks``; a vanished client just ends the response."""
+    """Prepare ``resp`` and write ``chunks``; a vanished client just ends the response.
+
+    A client that reads too slowly is cut off: the answer must be taken within
+    ``_SEND_GRACE_S`` plus its size at ``_SEND_MIN_RATE`` (16 MiB in about a minute, far below
+    any real link), so a reader that stops reading cannot hold a read slot for long.
+    """
+    parts = list(chunks)
+    budget = _SEND_GRACE_S + sum(len(c) for c in parts) / _SEND_MIN_RATE
     sent = 0
     try:
-        await resp.prepare(request)
-        for chunk in chunks:
-            await resp.write(chunk)
-            sent += len(chunk)
-        await resp.write_eof()
+        async with asyncio.timeout(budget):
+            await resp.prepare(request)
+            for chunk in parts:
+                await resp.write(chunk)
+                sent += len(chunk)
+            await resp.write_eof()
     except ConnectionError as exc:
         log.debug("client went away after %d bytes of %s: %s", sent, request.path, exc)
+    except TimeoutError:
+        log.debug("client too slow: %d bytes of %s in %.0fs, closing", sent, request.path, budget)
+        if request.transport is not None:
+            request.transport.close()
     finally:
         request.app[METRICS].bytes_served.labels(route=route_label(request)).inc(sent)

@@ -4,6 +4,7 @@ attributes (see ``control``). Plain threads and blocking calls: no trio, no pyfu
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -27,7 +28,10 @@ def _xattr(path: Path, name: str) -> str:
     except FileNotFoundError:
         raise UserError(f"{path}: no such file or directory") from None
     except OSError as exc:
-        raise UserError(f"{path} is not on a spokefs mount ({exc.strerror})") from None
+        if exc.errno in (errno.ENODATA, errno.ENOTSUP):
+            raise UserError(f"{path} is not on a spokefs mount") from None
+        # the mount answered, but the operation failed (hub unreachable, version gone)
+        raise UserError(f"{name} on {path} failed: {exc.strerror}; see the mount's log") from None
 
 
 def _human(n: float) -> str:

@@ -49,6 +49,7 @@ T = TypeVar("T")
 
 _BACKOFF_FIRST_S = 0.1
 _BACKOFF_MAX_S = 5.0  # a hub back from an outage is noticed within this long
+_MIN_ATTEMPT_S = 0.05  # no attempt starts with less time than this before the deadline
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})  # 408: our body came too slowly
 # OpenSSL's X509_V_ERR_* for an issuer we do not trust (unknown, missing or self-signed)
 _ISSUER_CODES = frozenset({2, 18, 19, 20, 21})
@@ -151,7 +152,9 @@ class HubClient:
             metrics.LINK_BYTES.inc(len(resp.content))
             return resp.content
 
-        return await self._with_retries("changes", attempt, deadline_s, bound_attempt=False)
+        # bounded like a blob: a changes answer is small, and a stalled link must not hold
+        # `spokefs refresh` for httpx's whole read timeout
+        return await self._with_retries("changes", attempt, deadline_s, bound_attempt=True)
 
     async def fetch_range(self, file_id: int, version: int, start: int, length: int) -> bytes:
         """Exactly ``length`` bytes of one version of a file, starting at ``start``.
@@ -273,12 +276,14 @@ class HubClient:
                 return result
             metrics.HUB_ERRORS.labels(reason=failure.reason).inc()
             self._mark_reachable(False, f"{failure.reason}: {failure}")
-            # full jitter: spread the retries of many readers over the whole interval
-            pause = random.uniform(0, delay)
-            if time.monotonic() + pause >= deadline:
+            # full jitter: spread the retries of many readers over the whole interval; the
+            # last pause ends at the deadline, for one last attempt there
+            remaining = deadline - time.monotonic()
+            if remaining <= _MIN_ATTEMPT_S:
                 raise HubUnavailable(
                     f"hub {self.base_url} unavailable ({failure.reason}: {failure})"
                 ) from failure
+            pause = min(random.uniform(0, delay), remaining - _MIN_ATTEMPT_S)
             metrics.HUB_RETRIES.inc()
             await trio.sleep(pause)
             delay = min(delay * 2, _BACKOFF_MAX_S)

@@ -41,6 +41,7 @@ class Refresher:
         self._mount_deadline_s = mount_deadline_s
         self._wake = trio.Event()
         self._done = trio.Event()
+        self._last_error: Exception | None = None
         self.mounted = False  # the kernel knows our inodes only once mounted
 
     # -- at mount ---------------------------------------------------------------------
@@ -76,10 +77,16 @@ class Refresher:
         self._wake.set()
 
     async def refresh_now(self) -> int:
-        """Poll now and wait for it; returns the generation after the poll."""
+        """Poll now and wait for it; returns the generation after the poll.
+
+        Raises:
+            HubUnavailable, HubProtocolError: the poll failed (the namespace is unchanged).
+        """
         done = self._done
         self.trigger()
         await done.wait()
+        if self._last_error is not None:
+            raise HubUnavailable(f"refresh failed: {self._last_error}")
         return self._ns.info.generation if self._ns.info else 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -88,9 +95,11 @@ class Refresher:
             with trio.move_on_after(self._interval_s if self._interval_s > 0 else float("inf")):
                 await self._wake.wait()
             self._wake = trio.Event()
+            self._last_error = None
             try:
                 await self._update(None)
             except (HubUnavailable, HubProtocolError, wire.WireError) as exc:
+                self._last_error = exc
                 metrics.REFRESH_ERRORS.inc()
                 log.warning("namespace refresh failed: %s", exc)
             finally:
