@@ -24,7 +24,7 @@ import trio
 
 from hubd import wire
 from spokefs import metrics
-from spokefs.block_cache import BlockCache
+from spokefs.block_cache import ORIGIN_DEMAND, ORIGIN_PREFETCH, BlockCache
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
 from spokefs.errors import single_spoke_error
 from spokefs.hub_client import HubClient
@@ -70,7 +70,7 @@ class Fetcher:
                     for run in _runs(mine, _RUN_BLOCKS):
                         nursery.start_soon(self._fetch_run, fv, run, got)
             if got:
-                await self.cache.put_runs(fv.file_id, fv.version, got)
+                await self.cache.put_runs(fv.file_id, fv.version, got, ORIGIN_DEMAND)
                 self._remember_recent(claimed)
         finally:
             self._release(claimed)
@@ -107,7 +107,7 @@ class Fetcher:
             for run in _runs(blocks, _RUN_BLOCKS):
                 await self._fetch_run(fv, run, got)
             if got:
-                await self.cache.put_runs(fv.file_id, fv.version, got)
+                await self.cache.put_runs(fv.file_id, fv.version, got, ORIGIN_PREFETCH)
                 self._remember_prefetched(fv, chunks)
                 self._remember_recent(claimed)
             nbytes = sum(len(data) for _, data in got)
@@ -130,7 +130,7 @@ class Fetcher:
                 data = got.get((f.file_id, f.version))
                 if data is None:
                     continue  # gone on the hub: a later open sees the new version
-                await self.cache.put_runs(f.file_id, f.version, [(0, data)])
+                await self.cache.put_runs(f.file_id, f.version, [(0, data)], ORIGIN_PREFETCH)
                 self._remember_prefetched(f, list(range(f.chunks())))
                 nbytes += len(data)
             metrics.PREFETCH_ISSUED_BYTES.inc(nbytes)

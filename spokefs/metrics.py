@@ -22,7 +22,12 @@ for _source in ("cache", "hub"):
     READS.labels(source=_source)
     READ_BYTES.labels(source=_source)
 READ_SECONDS = Histogram("spokefs_read_seconds", "Latency of FUSE reads", buckets=_LATENCY_BUCKETS)
-BLOCK_HITS = Counter("spokefs_block_hits_total", "4 KiB blocks served from the cache")
+BLOCK_HITS = Counter(
+    "spokefs_block_hits_total", "4 KiB blocks served from the cache, by how they got there",
+    ["origin"],
+)
+for _origin in ("demand", "prefetch", "warm"):  # block_cache.ORIGINS
+    BLOCK_HITS.labels(origin=_origin)
 BLOCK_MISSES = Counter("spokefs_block_misses_total", "4 KiB blocks fetched from the hub")
 
 CACHE_BYTES = Gauge("spokefs_cache_bytes", "Bytes of cached blocks on disk")
@@ -33,6 +38,12 @@ CHECKSUM_FAILURES = Counter(
 )
 CACHE_WRITE_ERRORS = Counter(
     "spokefs_cache_write_errors_total", "Fills that could not be stored (read still served)"
+)
+CACHE_PROTECTED_BYTES = Gauge(
+    "spokefs_cache_protected_bytes", "Cached bytes in the protected (re-used) segment"
+)
+CACHE_CORRUPTIONS = Counter(
+    "spokefs_cache_corruptions_total", "Times the cache's LMDB was found corrupt and set aside"
 )
 
 HUB_REQUESTS = Counter("spokefs_hub_requests_total", "HTTP requests to the hub", ["kind", "status"])

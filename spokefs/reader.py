@@ -18,7 +18,7 @@ import time
 import trio
 
 from spokefs import metrics
-from spokefs.block_cache import CacheStats
+from spokefs.block_cache import ORIGINS, CacheStats
 from spokefs.config import BLOCK_SIZE
 from spokefs.errors import HubUnavailable
 from spokefs.fetcher import Fetcher
@@ -77,7 +77,7 @@ class Reader:
         data = b"".join(blocks[i] for i in range(first, last + 1))
         start = offset - first * BLOCK_SIZE
         out = data[start : start + end - offset]
-        self._account(len(out), hits, last - first + 1, time.monotonic() - started)
+        self._account(len(out), blocks.by_origin, last - first + 1, time.monotonic() - started)
         return out
 
     async def _fill_within_deadline(
@@ -102,17 +102,20 @@ class Reader:
             first_try = False
             blocks.update((i, b) for i, b in got.items() if first <= i <= last)
             if len(blocks) < last - first + 1:  # others fetched some: look in the cache again
-                blocks.update(
-                    await self._fetcher.cache.get_blocks(fv.file_id, fv.version, first, last)
-                )
+                blocks.update(await self._fetcher.cache.get_blocks(
+                    fv.file_id, fv.version, first, last, record=False  # the same read again
+                ))
             lo, hi = first, last
 
     @staticmethod
-    def _account(nbytes: int, hits: int, blocks: int, seconds: float) -> None:
+    def _account(nbytes: int, by_origin: list[int], blocks: int, seconds: float) -> None:
+        hits = sum(by_origin)
         source = "cache" if hits == blocks else "hub"
         metrics.READS.labels(source=source).inc()
         metrics.READ_SECONDS.observe(seconds)
-        metrics.BLOCK_HITS.inc(hits)
+        for origin, count in zip(ORIGINS, by_origin, strict=True):
+            if count:
+                metrics.BLOCK_HITS.labels(origin=origin).inc(count)
         metrics.BLOCK_MISSES.inc(blocks - hits)
         hit_bytes = min(nbytes, hits * BLOCK_SIZE)
         metrics.READ_BYTES.labels(source="cache").inc(hit_bytes)

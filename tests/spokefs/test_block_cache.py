@@ -1,15 +1,63 @@
 from __future__ import annotations
 
+import logging
 import os
+import random
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import lmdb
+import pytest
+import trio
 
-from spokefs.block_cache import BlockCache
-from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS
+from spokefs import metrics
+from spokefs.block_cache import (
+    ORIGIN_DEMAND,
+    ORIGIN_PREFETCH,
+    ORIGIN_WARM,
+    BlockCache,
+    CacheStats,
+)
+from spokefs.cache_layout import KEY, PROTECTED, ChunkHead
+from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
+from spokefs.fetcher import Fetcher
+from spokefs.reader import Reader
+from spokefs.types import FileVersion
+
+from spoke_fakes import FakeHub
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def blocks_of(data: bytes, indexes: range) -> list[tuple[int, bytes]]:
     return [(indexes.start, data[indexes.start * BLOCK_SIZE : indexes.stop * BLOCK_SIZE])]
+
+
+def recount(cache: BlockCache) -> CacheStats:
+    """The totals, counted from the records themselves."""
+    store = cache._store
+    nbytes = chunks = pbytes = pchunks = 0
+    with store._env.begin() as txn:
+        for key, raw in txn.cursor(db=store._head):
+            head = ChunkHead.decode(raw)
+            size = len(txn.get(key, db=store._data)) + len(head.tail)
+            nbytes += size
+            chunks += 1
+            if head.segment == PROTECTED:
+                pbytes += size
+                pchunks += 1
+        assert txn.stat(store._order)["entries"] == chunks  # one order record per chunk
+    return CacheStats(nbytes, cache.max_bytes, chunks, pbytes, pchunks)
+
+
+def hits(name: str) -> float:
+    return metrics.BLOCK_HITS.labels(origin=name)._value.get()
+
+
+# -- storage ---------------------------------------------------------------------------
 
 
 async def test_put_get_roundtrip_with_partial_chunks(tmp_path):
@@ -17,40 +65,258 @@ async def test_put_get_roundtrip_with_partial_chunks(tmp_path):
     cache = BlockCache(tmp_path, 64 << 20)
     await cache.put_runs(7, 1, blocks_of(data, range(3, 5)))
     await cache.put_runs(7, 1, blocks_of(data, range(30, 41)))
+    await cache.put_runs(7, 1, blocks_of(data, range(8, 10)))  # merged into the first chunk
     got = await cache.get_blocks(7, 1, 0, 40)
-    assert sorted(got) == [3, 4, *range(30, 41)]
+    assert sorted(got) == [3, 4, 8, 9, *range(30, 41)]
     for i, b in got.items():
         assert b == data[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]
     assert len(got[40]) == 123
     assert await cache.get_blocks(7, 2, 0, 40) == {}  # another version shares nothing
+    assert cache.statistics() == recount(cache)
+    assert cache.statistics().bytes_used == 15 * BLOCK_SIZE - (BLOCK_SIZE - 123)
+    cache.close()
+
+
+async def test_a_full_chunk_takes_exactly_its_pages(tmp_path):
+    # 16 blocks + the 16-byte overflow page header would need 17 pages; the last 16 bytes
+    # live in the header record instead, so the value takes 16
+    cache = BlockCache(tmp_path, 64 << 20)
+    data = os.urandom(CHUNK_SIZE * 8)
+    await cache.put_runs(3, 1, [(0, data)])
+    await cache.put_runs(4, 1, [(5, data[:BLOCK_SIZE])])  # a lone block: one page
+    store = cache._store
+    with store._env.begin() as txn:
+        assert txn.stat(store._data)["overflow_pages"] == 8 * CHUNK_BLOCKS + 1
+        assert len(txn.get(KEY.pack(3, 1, 0), db=store._data)) == CHUNK_SIZE - 16
+    assert b"".join((await cache.get_blocks(3, 1, 0, 127)).values()) == data
     cache.close()
 
 
 async def test_persists_across_reopen(tmp_path):
     data = os.urandom(BLOCK_SIZE * 20)
     cache = BlockCache(tmp_path, 64 << 20)
-    await cache.put_runs(9, 9, blocks_of(data, range(20)))
-    used = cache.statistics().bytes_used
+    await cache.put_runs(9, 9, blocks_of(data, range(20)), ORIGIN_WARM)
+    stats = cache.statistics()
+    assert stats.protected_chunks == 2  # warmed: protected at once
     cache.close()
     cache = BlockCache(tmp_path, 64 << 20)
-    assert cache.statistics().bytes_used == used
+    assert cache.statistics() == stats == recount(cache)
     assert len(await cache.get_blocks(9, 9, 0, 19)) == 20
     cache.close()
+
+
+async def test_cached_bytes_of_a_file(tmp_path):
+    cache = BlockCache(tmp_path, 64 << 20)
+    fv = FileVersion(5, 1, BLOCK_SIZE * 40 + 10)
+    data = os.urandom(fv.size)
+    assert await cache.cached_bytes_of(fv) == 0
+    await cache.put_runs(5, 1, blocks_of(data, range(0, 3)))
+    await cache.put_runs(5, 1, blocks_of(data, range(39, 41)))
+    assert await cache.cached_bytes_of(fv) == 4 * BLOCK_SIZE + 10
+    assert await cache.cached_bytes([fv, FileVersion(6, 1, 100)]) == 4 * BLOCK_SIZE + 10
+    cache.close()
+
+
+async def test_origin_of_hits_and_merges_keep_the_first(tmp_path):
+    cache = BlockCache(tmp_path, 64 << 20)
+    data = os.urandom(CHUNK_SIZE * 3)
+    await cache.put_runs(1, 1, [(0, data[:BLOCK_SIZE])], ORIGIN_DEMAND)
+    await cache.put_runs(1, 1, [(1, data[BLOCK_SIZE:CHUNK_SIZE])], ORIGIN_PREFETCH)  # merge
+    await cache.put_runs(1, 1, [(CHUNK_BLOCKS, data[CHUNK_SIZE:2 * CHUNK_SIZE])],
+                         ORIGIN_PREFETCH)
+    await cache.put_runs(1, 1, [(2 * CHUNK_BLOCKS, data[2 * CHUNK_SIZE:])], ORIGIN_WARM)
+    got = await cache.get_blocks(1, 1, 0, 3 * CHUNK_BLOCKS - 1)
+    assert len(got) == 48
+    assert got.by_origin == [16, 16, 16]
+    got = await cache.get_blocks(1, 1, 20, 40)
+    assert got.by_origin == [0, 12, 9]
+    cache.close()
+
+
+async def test_reader_counts_hits_by_origin(tmp_path):
+    fv = FileVersion(3, 1, CHUNK_SIZE * 8)
+    data = os.urandom(fv.size)
+    hub = FakeHub({(3, 1): data})
+    fetcher = Fetcher(BlockCache(tmp_path, 64 << 20), hub)  # type: ignore[arg-type]
+    reader = Reader(fetcher, None, 0)
+    stream = reader.open(fv, 2)
+    await fetcher.prefetch_range(fv, 0, 4 * CHUNK_SIZE)
+    before = {o: hits(o) for o in ("demand", "prefetch", "warm")}
+    assert await reader.read(stream, 0, 4 * CHUNK_SIZE) == data[: 4 * CHUNK_SIZE]
+    block = data[4 * CHUNK_SIZE : 4 * CHUNK_SIZE + BLOCK_SIZE]
+    assert await reader.read(stream, 4 * CHUNK_SIZE, BLOCK_SIZE) == block  # a miss
+    assert await reader.read(stream, 4 * CHUNK_SIZE, BLOCK_SIZE) == block  # a demand hit
+    assert hits("prefetch") - before["prefetch"] == 4 * CHUNK_BLOCKS
+    assert hits("demand") - before["demand"] == 1
+    assert hits("warm") == before["warm"]
+    fetcher.cache.close()
+
+
+# -- capacity -----------------------------------------------------------------------------
 
 
 async def test_full_cache_evicts_and_stays_under_quota(tmp_path):
     quota = 1 << 20
     cache = BlockCache(tmp_path, quota)
-    chunk = BLOCK_SIZE * CHUNK_BLOCKS
     for fid in range(2, 60):
-        data = os.urandom(chunk)
+        data = os.urandom(CHUNK_SIZE)
         await cache.put_runs(fid, 1, blocks_of(data, range(CHUNK_BLOCKS)))
         assert cache.statistics().bytes_used <= quota
     assert cache.statistics().bytes_used > quota // 2
-    # the oldest are gone, the newest are there
+    assert cache.statistics() == recount(cache)
+    # nothing was read: the oldest went first, the newest are there
     assert await cache.get_blocks(2, 1, 0, CHUNK_BLOCKS - 1) == {}
     assert len(await cache.get_blocks(59, 1, 0, CHUNK_BLOCKS - 1)) == CHUNK_BLOCKS
     cache.close()
+
+
+async def test_random_operations_keep_the_totals_exact(tmp_path):
+    quota = 2 << 20
+    cache = BlockCache(tmp_path, quota)
+    rng = random.Random(4)
+    payload = os.urandom(CHUNK_SIZE * 4)
+    for _ in range(400):
+        fid = rng.randrange(1, 30)
+        first = rng.randrange(0, 64)
+        if rng.random() < 0.4:
+            await cache.get_blocks(fid, 1, first, first + rng.randrange(0, 40))
+        else:
+            n = rng.randrange(1, 40) * BLOCK_SIZE - rng.choice([0, 0, 100])
+            origin = rng.choice([ORIGIN_DEMAND, ORIGIN_PREFETCH, ORIGIN_WARM])
+            await cache.put_runs(fid, 1, [(first, payload[:n])], origin)
+        assert cache.statistics().bytes_used <= quota
+    assert cache.statistics() == recount(cache)
+    cache.close()
+    reopened = BlockCache(tmp_path, quota)
+    assert reopened.statistics() == recount(reopened)
+    reopened.close()
+
+
+async def test_a_failed_transaction_leaves_the_totals_alone(tmp_path, monkeypatch):
+    cache = BlockCache(tmp_path, 64 << 20)
+    await cache.put_runs(1, 1, [(0, os.urandom(CHUNK_SIZE))])
+    before = cache.statistics()
+    store = type(cache._store)
+    real = store._store
+    calls = []
+
+    def fail_on_second(self, *args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise lmdb.TxnFullError("injected")
+        return real(self, *args)
+
+    monkeypatch.setattr(store, "_store", fail_on_second)
+    errors = metrics.CACHE_WRITE_ERRORS._value.get()
+    await cache.put_runs(2, 1, [(0, os.urandom(3 * CHUNK_SIZE))])  # aborted: no exception
+    assert metrics.CACHE_WRITE_ERRORS._value.get() == errors + 1
+    assert cache.statistics() == before == recount(cache)
+    assert await cache.get_blocks(2, 1, 0, 47) == {}
+    cache.close()
+
+
+async def test_a_full_map_evicts_and_retries(tmp_path, caplog):
+    # a map too small for the quota: LMDB says MapFullError long before the quota is reached
+    cache = BlockCache(tmp_path, 64 << 20, map_bytes=4 << 20)
+    data = os.urandom(CHUNK_SIZE * 4)
+    errors = metrics.CACHE_WRITE_ERRORS._value.get()
+    with caplog.at_level(logging.WARNING, logger="spokefs.block_cache"):
+        for fid in range(1, 40):  # 10 MiB through a 4 MiB map
+            await cache.put_runs(fid, 1, [(0, data)])
+            assert len(await cache.get_blocks(fid, 1, 0, 63, record=False)) == 64
+    assert metrics.CACHE_WRITE_ERRORS._value.get() == errors
+    assert any("full on disk" in m for m in caplog.messages)
+    assert cache.statistics() == recount(cache)
+    cache.close()
+
+
+# -- eviction policy -----------------------------------------------------------------------
+
+
+async def _epochs(cache: BlockCache, files: int, epochs: int, rng: random.Random,
+                  hot_every: int = 0) -> tuple[list[float], float]:
+    """Read ``files`` files of 4 chunks in a shuffled order per epoch; hit ratio per epoch,
+    and that of a hot 1-chunk file read every ``hot_every`` chunks (after the first epoch)."""
+    payload = os.urandom(CHUNK_SIZE)
+    order = list(range(1, files + 1))
+    ratios, hot_hits, hot_reads, n = [], 0, 0, 0
+
+    async def read(fid: int, ci: int) -> bool:
+        got = await cache.get_blocks(fid, 1, ci * CHUNK_BLOCKS, ci * CHUNK_BLOCKS + 15)
+        if len(got) < CHUNK_BLOCKS:
+            await cache.put_runs(fid, 1, [(ci * CHUNK_BLOCKS, payload)])
+            return False
+        return True
+
+    for epoch in range(epochs):
+        rng.shuffle(order)
+        hit = 0
+        for fid in order:
+            for ci in range(4):
+                hit += await read(fid, ci)
+                n += 1
+                if hot_every and n % hot_every == 0:
+                    h = await read(10**6, 0)
+                    if epoch:
+                        hot_hits += h
+                        hot_reads += 1
+        ratios.append(hit / (files * 4))
+    return ratios, hot_hits / max(1, hot_reads)
+
+
+async def test_epochs_over_a_dataset_larger_than_the_cache_keep_hitting(tmp_path):
+    # 4 MiB cache = 64 chunks; dataset 4x: plain LRU gets ~0.03 of reads from the cache
+    cache = BlockCache(tmp_path, 4 << 20, window_bytes=4 * CHUNK_SIZE)
+    ratios, hot = await _epochs(cache, files=64, epochs=5, rng=random.Random(1), hot_every=40)
+    assert ratios[0] == 0
+    assert min(ratios[1:]) >= 0.6 * 0.25, ratios  # ideal C/D = 0.25
+    assert hot >= 0.95  # the hot file survives the scan
+    assert cache.statistics().protected_chunks > 16  # the stable set was promoted
+    assert cache.statistics() == recount(cache)
+    cache.close()
+    # the stable set survives a restart (segments in LMDB, visits in the side file)
+    cache = BlockCache(tmp_path, 4 << 20, window_bytes=4 * CHUNK_SIZE)
+    ratios, _ = await _epochs(cache, files=64, epochs=1, rng=random.Random(2))
+    assert ratios[0] >= 0.6 * 0.25, ratios
+    cache.close()
+
+
+async def test_a_dataset_that_fits_replaces_one_that_is_done(tmp_path):
+    cache = BlockCache(tmp_path, 4 << 20, window_bytes=4 * CHUNK_SIZE)
+    await _epochs(cache, files=64, epochs=3, rng=random.Random(1))  # 4x, then stop
+    payload = os.urandom(CHUNK_SIZE)
+    ratios = []
+    for _ in range(5):  # 8 files of 4 chunks: half the cache
+        hit = 0
+        for fid in random.Random(3).sample(range(500, 508), 8):
+            for ci in range(4):
+                got = await cache.get_blocks(fid, 1, ci * 16, ci * 16 + 15)
+                hit += len(got) == 16
+                if len(got) < 16:
+                    await cache.put_runs(fid, 1, [(ci * 16, payload)])
+        ratios.append(hit / 32)
+    assert ratios[-1] == 1.0, ratios
+    cache.close()
+
+
+async def test_prefetched_chunks_wait_for_their_reader(tmp_path):
+    # a full cache of read chunks; chunks prefetched ahead of a reader are not the victims
+    cache = BlockCache(tmp_path, 2 << 20, window_bytes=CHUNK_SIZE)
+    payload = os.urandom(CHUNK_SIZE)
+    for fid in range(1, 33):
+        await cache.put_runs(fid, 1, [(0, payload)])
+        await cache.get_blocks(fid, 1, 0, 15)
+    for fid in range(100, 108):  # prefetched, not yet read, while others keep filling
+        await cache.put_runs(fid, 1, [(0, payload)], ORIGIN_PREFETCH)
+    for fid in range(200, 216):
+        await cache.get_blocks(fid, 1, 0, 15)
+        await cache.put_runs(fid, 1, [(0, payload)])
+    for fid in range(100, 108):
+        assert len(await cache.get_blocks(fid, 1, 0, 15)) == 16, fid
+    cache.close()
+
+
+# -- corruption and crashes ---------------------------------------------------------------
 
 
 async def test_corrupt_block_is_dropped_and_reported_missing(tmp_path):
@@ -58,19 +324,184 @@ async def test_corrupt_block_is_dropped_and_reported_missing(tmp_path):
     cache = BlockCache(tmp_path, 64 << 20)
     await cache.put_runs(5, 5, blocks_of(data, range(4)))
     cache.close()
-    # flip one byte of block 2 inside the stored value, behind the cache's back
-    env = lmdb.open(str(tmp_path), max_dbs=3)
-    db = env.open_db(b"chunks")
-    with env.begin(write=True) as txn:
-        key, value = next(iter(txn.cursor(db=db)))
-        value = bytearray(value)
-        value[-(BLOCK_SIZE + 10)] ^= 0xFF
-        txn.put(key, bytes(value), db=db)
-    env.close()
+    # flip one byte of block 2 in the file, behind the cache's back
+    raw = bytearray((tmp_path / "data.mdb").read_bytes())
+    at = raw.find(data[2 * BLOCK_SIZE : 2 * BLOCK_SIZE + 64])
+    assert at > 0
+    raw[at + 10] ^= 0xFF
+    (tmp_path / "data.mdb").write_bytes(raw)
     cache = BlockCache(tmp_path, 64 << 20)
+    failures = metrics.CHECKSUM_FAILURES._value.get()
     got = await cache.get_blocks(5, 5, 0, 3)
     assert sorted(got) == [0, 1, 3]
+    assert metrics.CHECKSUM_FAILURES._value.get() == failures + 1
     assert sorted(await cache.get_blocks(5, 5, 0, 3)) == [0, 1, 3]  # dropped, not re-reported
+    assert cache.statistics() == recount(cache)
     await cache.put_runs(5, 5, blocks_of(data, range(2, 3)))
     assert (await cache.get_blocks(5, 5, 2, 2))[2] == data[2 * BLOCK_SIZE : 3 * BLOCK_SIZE]
+    cache.close()
+
+
+def _pages(path: Path, want_flags: int) -> list[int]:
+    """Page numbers of non-overflow pages with these flags (LMDB page header: pgno u64,
+    pad u16, flags u16, then lower/upper or the overflow page count)."""
+    raw = (path / "data.mdb").read_bytes()
+    pages, pgno = [], 2
+    while (pgno + 1) * 4096 <= len(raw):
+        flags = struct.unpack_from("<H", raw, pgno * 4096 + 10)[0]
+        if flags & 0x04:  # overflow: skip its run
+            pgno += struct.unpack_from("<I", raw, pgno * 4096 + 12)[0]
+            continue
+        if flags & want_flags:
+            pages.append(pgno)
+        pgno += 1
+    return pages
+
+
+def _overwrite(path: Path, offset: int, data: bytes) -> None:
+    with open(path / "data.mdb", "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+async def _filled(path: Path) -> None:
+    cache = BlockCache(path, 64 << 20)
+    data = os.urandom(CHUNK_SIZE * 4)
+    for fid in range(1, 200):
+        await cache.put_runs(fid, 1, [(0, data[: (fid % 4 + 1) * CHUNK_SIZE])])
+    cache.close()
+
+
+def _assert_set_aside(path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    aside = [p for p in path.parent.iterdir() if p.name.startswith(path.name + ".corrupt-")]
+    assert len(aside) == 1 and (aside[0] / "data.mdb").exists()
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "corrupt" in errors[0].getMessage()
+
+
+async def test_a_torn_meta_page_sets_the_cache_aside_at_open(tmp_path, caplog):
+    path = tmp_path / "blocks"
+    await _filled(path)
+    _overwrite(path, 0, os.urandom(8192))  # both meta pages
+    with caplog.at_level(logging.ERROR):
+        cache = BlockCache(path, 64 << 20)
+    _assert_set_aside(path, caplog)
+    assert cache.statistics().bytes_used == 0
+    data = os.urandom(CHUNK_SIZE)
+    await cache.put_runs(1, 1, [(0, data)])
+    assert b"".join((await cache.get_blocks(1, 1, 0, 15)).values()) == data
+    cache.close()
+
+
+async def test_a_corrupt_btree_page_found_while_running_resets_the_cache(tmp_path, caplog):
+    path = tmp_path / "blocks"
+    await _filled(path)
+    leaves = _pages(path, 0x02)
+    assert leaves
+    for pgno in leaves:  # "Located page was wrong type": LMDB notices, deterministically
+        _overwrite(path, pgno * 4096 + 10, b"\x00\x00")
+    cache = BlockCache(path, 64 << 20)  # shut down cleanly: no check at open
+    with caplog.at_level(logging.ERROR):
+        assert await cache.get_blocks(7, 1, 0, 15) == {}  # a miss, not an error
+        assert await cache.cached_bytes_of(FileVersion(7, 1, CHUNK_SIZE)) == 0
+    _assert_set_aside(path, caplog)
+    assert cache.statistics().bytes_used == 0
+    data = os.urandom(CHUNK_SIZE)
+    await cache.put_runs(1, 1, [(0, data)])
+    assert b"".join((await cache.get_blocks(1, 1, 0, 15)).values()) == data
+    cache.close()
+
+
+async def test_concurrent_readers_of_a_corrupt_cache_all_get_misses(tmp_path, caplog):
+    path = tmp_path / "blocks"
+    await _filled(path)
+    for pgno in _pages(path, 0x02):
+        _overwrite(path, pgno * 4096 + 10, b"\x00\x00")
+    cache = BlockCache(path, 64 << 20)
+    results = []
+
+    async def reader(fid: int) -> None:
+        results.append(await cache.get_blocks(fid, 1, 0, 63))
+
+    with caplog.at_level(logging.ERROR):
+        async with trio.open_nursery() as nursery:
+            for fid in range(1, 17):
+                nursery.start_soon(reader, fid)
+            nursery.start_soon(cache.put_runs, 1000, 1, [(0, os.urandom(CHUNK_SIZE))])
+    assert results == [{}] * 16
+    _assert_set_aside(path, caplog)  # once, whatever the number of threads that saw it
+    assert cache.statistics() == recount(cache)
+    cache.close()
+
+
+async def test_garbage_after_an_unclean_shutdown_is_caught_by_the_check(tmp_path, caplog):
+    # random bytes over every B-tree page can crash LMDB itself (SIGSEGV): without the
+    # clean-shutdown mark, a child process walks the databases first
+    path = tmp_path / "blocks"
+    await _filled(path)
+    (path / "clean-shutdown").unlink()
+    for pgno in _pages(path, 0x01 | 0x02):
+        _overwrite(path, pgno * 4096, os.urandom(4096))
+    with caplog.at_level(logging.ERROR):
+        cache = BlockCache(path, 64 << 20)
+    _assert_set_aside(path, caplog)
+    assert await cache.get_blocks(3, 1, 0, 15) == {}
+    cache.close()
+
+
+_WRITER = textwrap.dedent("""
+    import os, sys, trio
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[2])
+    from spokefs.block_cache import BlockCache
+    async def main():
+        cache = BlockCache(Path(sys.argv[1]), 4 << 20)
+        data = os.urandom(1 << 18)
+        fid = 0
+        while True:
+            fid += 1
+            await cache.put_runs(fid, 1, [(0, data)])
+            await cache.get_blocks(fid - 1, 1, 0, 63)
+            if fid == 20:
+                print("ready", flush=True)
+    trio.run(main)
+""")
+
+
+async def test_kill_9_leaves_a_consistent_cache(tmp_path):
+    path = tmp_path / "blocks"
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(REPO)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not (path / "clean-shutdown").exists()
+    cache = BlockCache(path, 4 << 20)  # checked in a child first: it passes
+    assert not [p for p in tmp_path.iterdir() if ".corrupt-" in p.name]
+    stats = cache.statistics()
+    assert stats == recount(cache)
+    assert 0 < stats.bytes_used <= 4 << 20
+    store = cache._store
+    with store._env.begin() as txn:
+        keys = [KEY.unpack(k) for k, _ in txn.cursor(db=store._head)]
+    for fid, version, ci in keys:
+        assert len(await cache.get_blocks(fid, version, ci * 16, ci * 16 + 15)) == 16
+    cache.close()
+
+
+async def test_an_older_layout_is_dropped(tmp_path):
+    env = lmdb.open(str(tmp_path), max_dbs=3)
+    with env.begin(write=True) as txn:
+        for name in (b"chunks", b"fifo", b"meta"):
+            txn.put(b"x", b"y", db=env.open_db(name, txn=txn))
+    env.close()
+    (tmp_path / "clean-shutdown").touch()
+    cache = BlockCache(tmp_path, 64 << 20)
+    assert cache.statistics().bytes_used == 0
+    await cache.put_runs(1, 1, [(0, b"z" * 100)])
+    assert (await cache.get_blocks(1, 1, 0, 0))[0] == b"z" * 100
+    with cache._store._env.begin() as txn:
+        assert txn.get(b"chunks") is None and txn.get(b"fifo") is None
     cache.close()

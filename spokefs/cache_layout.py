@@ -1,0 +1,153 @@
+"""How the block cache lays chunks out in LMDB: keys, chunk headers, the page-exact data split.
+
+Four named databases in one environment (``block_cache`` explains why each exists):
+
+    data   chunk key -> the chunk's present blocks, in slot order, minus the last ``tail`` bytes
+    head   chunk key -> ChunkHead: presence bitmap, origin, segment, order seq, stored tick,
+                        one xxh3_64 per present block, then the ``tail`` bytes of the data
+    order  (segment u8, seq u64) -> chunk key: each segment's order (insertion or promotion)
+    meta   b"state" -> CacheState (totals and counters), b"layout" -> LAYOUT
+
+Chunk key: file id, version, chunk index, big-endian u64 each (a file's chunks are adjacent).
+
+**Why a tail.** LMDB stores a value larger than about half a page in *overflow pages*, a run
+of whole pages that starts with a 16-byte page header (measured: a 65,536-byte value takes 17
+pages, a 65,520-byte one 16). So 16 blocks in one value cost 17 pages (1.06x) whatever else is
+in it, and one 4 KiB block costs 2 pages (2x). Keeping the checksums in ``head`` and moving the
+last ``tail_len`` bytes of the data there too makes every data value fit its pages exactly:
+16 blocks take 16 pages and one block one page; the header (60-190 bytes) sits in a shared
+leaf page. Reads join ``value + tail``: one extra copy of the last block.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+from dataclasses import dataclass
+
+from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS
+
+LAYOUT = 2  # 1: one "chunks" db with the header inside the value (1.06x, 2x for lone blocks)
+
+PROBATION = 0  # stored, not (yet) re-used
+PROTECTED = 1  # re-used, warmed, or back soon after an eviction
+
+KEY = struct.Struct(">QQQ")
+ORDER_KEY = struct.Struct(">BQ")
+_HEAD = struct.Struct("<HBBQQ")  # bitmap, origin, segment, seq, stored tick
+_SUMS = [struct.Struct(f"<{n}Q") for n in range(CHUNK_BLOCKS + 1)]
+_STATE = struct.Struct("<8Q")
+_OVERFLOW_PAGE_HEADER = 16  # LMDB's PAGEHDRSZ on 64-bit builds
+
+
+class BadHead(ValueError):
+    """A chunk header that cannot be decoded (a corrupt or foreign record)."""
+
+
+def tail_len(nbytes: int, page_size: int) -> int:
+    """Bytes to move into the header so ``nbytes`` of data need no extra overflow page."""
+    pages = -(-nbytes // page_size)
+    return max(0, nbytes + _OVERFLOW_PAGE_HEADER - pages * page_size)
+
+
+@dataclass(slots=True)
+class ChunkHead:
+    """The decoded ``head`` record of one chunk.
+
+    Attributes:
+        bitmap: bit ``s`` set when block slot ``s`` is present.
+        origin: how the chunk first arrived (``block_cache.ORIGIN_*``); merges keep it.
+        segment: PROBATION or PROTECTED.
+        seq: its key in the ``order`` db within its segment.
+        stored_tick: access-clock tick when it entered probation (a demand fill: the tick of
+            the read that missed it) or was promoted.
+        sums: xxh3_64 of each present block, in slot order.
+        tail: the last bytes of the data (see the module docstring).
+    """
+
+    bitmap: int
+    origin: int
+    segment: int
+    seq: int
+    stored_tick: int
+    sums: list[int]
+    tail: bytes
+
+    @classmethod
+    def decode(cls, raw: bytes | memoryview) -> ChunkHead:
+        try:
+            bitmap, origin, segment, seq, tick = _HEAD.unpack_from(raw)
+            sums_struct = _SUMS[bitmap.bit_count()]
+            end = _HEAD.size + sums_struct.size
+            sums = list(sums_struct.unpack_from(raw, _HEAD.size))
+        except (struct.error, IndexError) as exc:
+            raise BadHead(str(exc)) from None
+        tail = bytes(raw[end:])
+        if bitmap >> CHUNK_BLOCKS or segment > PROTECTED or len(tail) > _OVERFLOW_PAGE_HEADER:
+            raise BadHead("impossible header fields")
+        return cls(bitmap, origin, segment, seq, tick, sums, tail)
+
+    def encode(self) -> bytes:
+        head = _HEAD.pack(self.bitmap, self.origin, self.segment, self.seq, self.stored_tick)
+        return head + _SUMS[len(self.sums)].pack(*self.sums) + self.tail
+
+    def slots(self) -> tuple[int, ...]:
+        """Present slots in order (``sums[i]`` is the checksum of ``slots()[i]``)."""
+        return _slots_of(self.bitmap)
+
+    def order_key(self) -> bytes:
+        return ORDER_KEY.pack(self.segment, self.seq)
+
+
+@functools.lru_cache(maxsize=1 << CHUNK_BLOCKS)
+def _slots_of(bitmap: int) -> tuple[int, ...]:
+    return tuple(s for s in range(CHUNK_BLOCKS) if bitmap >> s & 1)
+
+
+def split_blocks(head: ChunkHead, value: bytes | memoryview) -> dict[int, bytes]:
+    """Slot -> bytes of a chunk's blocks, copied out of its ``data`` value and header."""
+    view = memoryview(value)
+    blocks: dict[int, bytes] = {}
+    slots = head.slots()
+    for rank, slot in enumerate(slots):
+        start = rank * BLOCK_SIZE
+        if rank == len(slots) - 1:  # the last block may be short and may reach into the tail
+            blocks[slot] = bytes(view[start:]) + head.tail
+        else:
+            blocks[slot] = bytes(view[start : start + BLOCK_SIZE])
+    return blocks
+
+
+@dataclass(slots=True)
+class CacheState:
+    """The ``meta`` totals, read and written inside every write transaction.
+
+    Attributes:
+        nbytes, chunks: block bytes and chunks stored.
+        protected_bytes, protected_chunks: the part in the PROTECTED segment.
+        seq: last order seq handed out (both segments share the counter).
+        hand: seq where the PROTECTED segment's clock hand stopped.
+        tick: the access clock when the transaction began (stored ticks never go back).
+        evicted: bytes evicted in this transaction (not persisted).
+    """
+
+    nbytes: int = 0
+    chunks: int = 0
+    protected_bytes: int = 0
+    protected_chunks: int = 0
+    seq: int = 0
+    hand: int = 0
+    tick: int = 0
+    evicted: int = 0
+
+    @classmethod
+    def decode(cls, raw: bytes | None) -> CacheState:
+        if raw is None:
+            return cls()
+        return cls(*_STATE.unpack(raw)[:7])
+
+    def encode(self) -> bytes:
+        return _STATE.pack(
+            self.nbytes, self.chunks, self.protected_bytes, self.protected_chunks,
+            self.seq, self.hand, self.tick, 0,
+        )

@@ -1,0 +1,518 @@
+"""The block cache's LMDB transactions: reads, fills, promotions, drops and eviction.
+
+``ChunkStore`` owns the environment; each public method is one transaction, run by
+``block_cache.BlockCache`` in a worker thread (see its docstring for the policy, the
+concurrency protocol and the crash states; ``cache_layout`` for the records). Nothing here
+awaits or touches trio; it may raise any ``lmdb.Error``, which the caller sorts out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import lmdb
+import xxhash
+
+from spokefs.cache_layout import (
+    KEY,
+    LAYOUT,
+    ORDER_KEY,
+    PROBATION,
+    PROTECTED,
+    BadHead,
+    CacheState,
+    ChunkHead,
+    split_blocks,
+    tail_len,
+)
+from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
+from spokefs.types import FileVersion
+
+ORIGIN_DEMAND = 0
+ORIGIN_PREFETCH = 1
+ORIGIN_WARM = 2
+ORIGINS = ("demand", "prefetch", "warm")
+
+_MAX_EVICT_BATCH = 64 << 20
+_SCAN_LIMIT = 1024  # probation entries looked at per victim search (bounds a transaction)
+_HAND_LIMIT = 4096  # protected entries the hand looks at per sweep
+
+
+class Found(dict[int, bytes]):
+    """Blocks found, by block index; ``by_origin[o]``: how many arrived by origin ``o``."""
+
+    __slots__ = ("by_origin",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_origin = [0] * len(ORIGINS)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a write transaction needs from the policy state of the trio thread.
+
+    Attributes:
+        tick: the access clock now.
+        probation_limit: visits after its arrival by which a probation chunk is dead.
+        protected_limit: visits without a visit after which a protected chunk is dead.
+        stale_after: visits without a visit after which a protected chunk goes first when
+            the segment must shrink (one cache-full: LRU would not have it either).
+        protected_cap: bytes the protected segment may hold now.
+        hand_budget: protected entries the clock hand may look at for dead chunks.
+        promote: probation chunks to move to the protected segment.
+        misses: chunk key -> (tick of the read that missed it, whether it is hot), for fills.
+        is_visited, last_visit: the access clock's table (read from this thread).
+    """
+
+    tick: int
+    probation_limit: int
+    protected_limit: int
+    stale_after: int
+    protected_cap: int
+    hand_budget: int
+    promote: list[bytes]
+    misses: dict[bytes, tuple[int, bool]]
+    is_visited: Callable[[bytes, int], bool]
+    last_visit: Callable[[bytes], int]
+
+
+class ChunkStore:
+    """The LMDB environment of the block cache and its transactions.
+
+    Attributes:
+        max_bytes: the quota on block bytes.
+        state: the meta totals as of opening (callers keep the latest returned ones).
+    """
+
+    def __init__(self, path: Path, max_bytes: int, window_bytes: int, map_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._window_chunks = max(1, window_bytes // CHUNK_SIZE)
+        self._batch = min(_MAX_EVICT_BATCH, max(CHUNK_SIZE, max_bytes // 64))
+        # The map is address space, not disk: the file grows only as pages are used. The
+        # default of twice the quota leaves room for pages freed but not yet reusable (an
+        # older reader still sees them) and for free runs too short for a chunk; measured,
+        # the file stays at 1.05x the quota through a churn of 8x it (bench_eviction.py).
+        self._env = lmdb.open(
+            str(path), map_size=map_bytes, max_dbs=8,
+            sync=False, metasync=False,
+        )
+        try:
+            self._env.reader_check()  # slots of readers killed with -9 pin old pages
+            self._page = self._env.stat()["psize"]
+            with self._env.begin(write=True) as txn:
+                self._migrate(txn)
+                self._data = self._env.open_db(b"data", txn=txn)
+                self._head = self._env.open_db(b"head", txn=txn)
+                self._order = self._env.open_db(b"order", txn=txn)
+                self._meta = self._env.open_db(b"meta", txn=txn)
+                self.state = CacheState.decode(txn.get(b"state", db=self._meta))
+                txn.put(b"layout", bytes([LAYOUT]), db=self._meta)
+        except BaseException:
+            self._env.close()
+            raise
+
+    def close(self) -> None:
+        self._env.close()
+
+    def _migrate(self, txn: lmdb.Transaction) -> None:
+        """Drop the databases of layout 1 (a cache: nothing is lost but time)."""
+        for name in (b"chunks", b"fifo", b"meta"):
+            if txn.get(name) is None:
+                continue
+            db = self._env.open_db(name, txn=txn)
+            if name == b"meta" and txn.get(b"layout", db=db) is not None:
+                continue
+            txn.drop(db, delete=True)
+
+    # -- read transactions ----------------------------------------------------------
+
+    def get(
+        self, file_id: int, version: int, first: int, last: int
+    ) -> tuple[Found, list[int], list[tuple[bytes, ChunkHead | None]]]:
+        """Verified blocks among ``first..last``, the indexes that failed their checksum (or
+        whose header is garbage), and each chunk of the range with its header (or None)."""
+        found = Found()
+        corrupt: list[int] = []
+        seen: list[tuple[bytes, ChunkHead | None]] = []
+        with self._env.begin(buffers=True) as txn:
+            for ci in range(first // CHUNK_BLOCKS, last // CHUNK_BLOCKS + 1):
+                key = KEY.pack(file_id, version, ci)
+                lo = max(first, ci * CHUNK_BLOCKS)
+                hi = min(last, ci * CHUNK_BLOCKS + CHUNK_BLOCKS - 1)
+                try:
+                    head = self._get_head(txn, key)
+                    value = None if head is None else txn.get(key, db=self._data)
+                    if head is not None and value is None:
+                        raise BadHead("a header without data")
+                except BadHead:
+                    corrupt.extend(range(lo, hi + 1))  # the drop removes the whole chunk
+                    seen.append((key, None))
+                    continue
+                seen.append((key, head))
+                if head is None or value is None:
+                    continue
+                origin = min(head.origin, len(ORIGINS) - 1)
+                base = ci * CHUNK_BLOCKS
+                view, last_rank = memoryview(value), len(head.sums) - 1
+                for rank, slot in enumerate(head.slots()):
+                    idx = base + slot
+                    if not lo <= idx <= hi:
+                        continue
+                    start = rank * BLOCK_SIZE
+                    if rank == last_rank:  # may be short, and may reach into the tail
+                        data = bytes(view[start:]) + head.tail
+                    else:
+                        data = bytes(view[start : start + BLOCK_SIZE])
+                    if xxhash.xxh3_64_intdigest(data) == head.sums[rank]:
+                        found[idx] = data
+                        found.by_origin[origin] += 1
+                    else:
+                        corrupt.append(idx)
+        return found, corrupt, seen
+
+    def _get_head(self, txn: lmdb.Transaction, key: bytes) -> ChunkHead | None:
+        """The chunk's header, None if absent; raises BadHead if it cannot be decoded."""
+        raw = txn.get(key, db=self._head)
+        return None if raw is None else ChunkHead.decode(raw)
+
+    def _read_head(self, txn: lmdb.Transaction, key: bytes) -> ChunkHead | None:
+        try:
+            return self._get_head(txn, key)
+        except BadHead:
+            return None
+
+    def present(self, fv: FileVersion, first: int, last: int) -> set[int]:
+        """Chunk indexes among ``first..last`` with all their blocks (headers only)."""
+        with self._env.begin(buffers=True) as txn:
+            return {ci for ci in range(first, last + 1) if self._chunk_full(txn, fv, ci)}
+
+    def complete(self, files: list[FileVersion]) -> set[FileVersion]:
+        """The files cached whole (headers only)."""
+        with self._env.begin(buffers=True) as txn:
+            return {
+                f for f in files
+                if all(self._chunk_full(txn, f, ci) for ci in range(f.chunks()))
+            }
+
+    def _chunk_full(self, txn: lmdb.Transaction, fv: FileVersion, ci: int) -> bool:
+        want = min(CHUNK_BLOCKS, fv.blocks() - ci * CHUNK_BLOCKS)
+        if want <= 0:
+            return True
+        head = self._read_head(txn, KEY.pack(fv.file_id, fv.version, ci))
+        return head is not None and (head.bitmap & ((1 << want) - 1)).bit_count() == want
+
+    def cached_bytes(self, files: list[FileVersion]) -> int:
+        """Bytes of these files held (headers only)."""
+        total = 0
+        with self._env.begin(buffers=True) as txn:
+            for f in files:
+                last_ci, last_slot = divmod(f.blocks() - 1, CHUNK_BLOCKS)
+                for ci in range(f.chunks()):
+                    head = self._read_head(txn, KEY.pack(f.file_id, f.version, ci))
+                    if head is None:
+                        continue
+                    total += head.bitmap.bit_count() * BLOCK_SIZE
+                    if ci == last_ci and head.bitmap >> last_slot & 1:
+                        total -= f.blocks() * BLOCK_SIZE - f.size  # the short last block
+        return total
+
+    # -- write transactions ---------------------------------------------------------
+
+    def put(
+        self, file_id: int, version: int, runs: list[tuple[int, bytes]], origin: int,
+        plan: Plan,
+    ) -> CacheState:
+        """Store runs of blocks as chunks; evict in the same transaction if over quota."""
+        with self._writing(plan) as (txn, st):
+            for first, data in runs:
+                view = memoryview(data)
+                idx, end = first, first + nblocks(data)
+                while idx < end:
+                    ci, slot = divmod(idx, CHUNK_BLOCKS)
+                    count = min(CHUNK_BLOCKS - slot, end - idx)
+                    off = (idx - first) * BLOCK_SIZE
+                    piece = view[off : off + count * BLOCK_SIZE]
+                    key = KEY.pack(file_id, version, ci)
+                    self._put_piece(txn, st, key, slot, piece, origin, plan)
+                    idx += count
+            if st.nbytes > self.max_bytes:
+                self._evict(txn, st, self.max_bytes - self._batch, plan)
+        return st
+
+    def promote(self, plan: Plan) -> CacheState:
+        """Only apply the plan's promotions."""
+        with self._writing(plan) as (_, st):
+            pass
+        return st
+
+    def make_room(self, plan: Plan, fraction: int) -> CacheState:
+        """Evict ``1/fraction`` of the quota below the current use (the map or disk is full).
+
+        Two commits: LMDB reuses the pages a transaction frees only from the transaction
+        after next (the previous snapshot may still be read), so the retry that follows can
+        use them.
+        """
+        with self._writing(None) as (txn, st):
+            target = min(st.nbytes, self.max_bytes) - self.max_bytes // fraction
+            self._evict(txn, st, max(0, target), plan)
+        with self._writing(None) as (txn, st):
+            pass
+        return st
+
+    def drop(self, file_id: int, version: int, indexes: list[int]) -> CacheState:
+        """Remove blocks that failed their checksum (a chunk left empty goes whole)."""
+        with self._writing(None) as (txn, st):
+            for ci in sorted({i // CHUNK_BLOCKS for i in indexes}):
+                key = KEY.pack(file_id, version, ci)
+                bad = {i % CHUNK_BLOCKS for i in indexes if i // CHUNK_BLOCKS == ci}
+                self._drop_blocks(txn, st, key, bad)
+        return st
+
+    @contextlib.contextmanager
+    def _writing(self, plan: Plan | None) -> Iterator[tuple[lmdb.Transaction, CacheState]]:
+        """A write transaction with the meta totals, committed with them (or aborted)."""
+        with self._env.begin(write=True, buffers=True) as txn:
+            st = CacheState.decode(txn.get(b"state", db=self._meta))
+            if plan is not None:
+                st.tick = max(st.tick, plan.tick)
+                self._apply_promotions(txn, st, plan)
+            yield txn, st
+            txn.put(b"state", st.encode(), db=self._meta)
+
+    def _drop_blocks(
+        self, txn: lmdb.Transaction, st: CacheState, key: bytes, bad: set[int]
+    ) -> None:
+        try:
+            head = self._get_head(txn, key)
+        except BadHead:
+            self._delete_undecodable(txn, st, key)
+            return
+        value = None if head is None else txn.get(key, db=self._data)
+        if head is None or value is None:
+            if head is not None:
+                self._delete(txn, st, key, head)
+            return
+        blocks = split_blocks(head, value)
+        sums = dict(zip(head.slots(), head.sums))
+        keep = {s: b for s, b in blocks.items() if s not in bad}
+        if not keep:
+            self._delete(txn, st, key, head)
+            return
+        self._account(st, head, -(len(value) + len(head.tail)))
+        self._store(txn, st, key, head, keep, sums)
+
+    def _put_piece(
+        self, txn: lmdb.Transaction, st: CacheState, key: bytes, slot: int, piece: memoryview,
+        origin: int, plan: Plan,
+    ) -> None:
+        """Store contiguous blocks from ``slot`` on into one chunk (new or merged)."""
+        new = {
+            slot + n: bytes(piece[o : o + BLOCK_SIZE])
+            for n, o in enumerate(range(0, len(piece), BLOCK_SIZE))
+        }
+        try:
+            head = self._get_head(txn, key)
+        except BadHead:
+            self._delete_undecodable(txn, st, key)
+            head = None
+        value = None if head is None else txn.get(key, db=self._data)
+        if head is not None and value is not None:  # merge: keeps origin, segment, order
+            blocks = split_blocks(head, value)
+            sums = dict(zip(head.slots(), head.sums))
+            self._account(st, head, -(len(value) + len(head.tail)))
+        else:
+            if head is not None:  # a header without data
+                self._delete(txn, st, key, head)
+            blocks, sums = {}, {}
+            head = self._new_head(txn, st, key, origin, plan)
+        blocks.update(new)
+        sums.update((s, xxhash.xxh3_64_intdigest(b)) for s, b in new.items())
+        self._store(txn, st, key, head, blocks, sums)
+
+    def _new_head(
+        self, txn: lmdb.Transaction, st: CacheState, key: bytes, origin: int, plan: Plan
+    ) -> ChunkHead:
+        """The header of a new chunk, with its order record written and counted."""
+        miss = plan.misses.get(key)
+        protect = origin == ORIGIN_WARM or (miss is not None and miss[1])
+        st.seq += 1
+        st.chunks += 1
+        # a demand fill starts its stay at the read that missed: that read was its first use
+        stored = miss[0] if miss is not None else plan.tick
+        head = ChunkHead(0, origin, PROTECTED if protect else PROBATION, st.seq, stored, [], b"")
+        if protect:
+            st.protected_chunks += 1
+        txn.put(head.order_key(), key, db=self._order)
+        return head
+
+    def _store(
+        self, txn: lmdb.Transaction, st: CacheState, key: bytes, head: ChunkHead,
+        blocks: dict[int, bytes], sums: dict[int, int],
+    ) -> None:
+        """Write a chunk's data and header and count its bytes (its order record exists)."""
+        slots = sorted(blocks)
+        body = b"".join(blocks[s] for s in slots)
+        cut = len(body) - tail_len(len(body), self._page)
+        head.bitmap = sum(1 << s for s in slots)
+        head.sums = [sums[s] for s in slots]
+        head.tail = body[cut:]
+        txn.put(key, body[:cut], db=self._data)
+        txn.put(key, head.encode(), db=self._head)
+        self._account(st, head, len(body))
+
+    @staticmethod
+    def _account(st: CacheState, head: ChunkHead, nbytes: int) -> None:
+        st.nbytes += nbytes
+        if head.segment == PROTECTED:
+            st.protected_bytes += nbytes
+
+    def _delete(self, txn: lmdb.Transaction, st: CacheState, key: bytes, head: ChunkHead) -> None:
+        """Remove a chunk, its header and its order record, and uncount its bytes."""
+        value = txn.pop(key, db=self._data)
+        txn.delete(key, db=self._head)
+        txn.delete(head.order_key(), db=self._order)
+        self._account(st, head, -(len(value) + len(head.tail) if value is not None else 0))
+        st.chunks -= 1
+        if head.segment == PROTECTED:
+            st.protected_chunks -= 1
+
+    def _delete_undecodable(self, txn: lmdb.Transaction, st: CacheState, key: bytes) -> None:
+        """Remove a chunk whose header is garbage (its order record goes when reached)."""
+        value = txn.pop(key, db=self._data)
+        txn.delete(key, db=self._head)
+        st.nbytes -= len(value) if value is not None else 0
+        st.chunks -= 1
+
+    def _apply_promotions(self, txn: lmdb.Transaction, st: CacheState, plan: Plan) -> None:
+        for key in plan.promote:
+            head = self._read_head(txn, key)
+            if head is None or head.segment != PROBATION:
+                continue
+            value = txn.get(key, db=self._data)
+            if value is None:
+                continue
+            txn.delete(head.order_key(), db=self._order)
+            st.seq += 1
+            head.segment, head.seq, head.stored_tick = PROTECTED, st.seq, plan.tick
+            txn.put(head.order_key(), key, db=self._order)
+            txn.put(key, head.encode(), db=self._head)
+            st.protected_bytes += len(value) + len(head.tail)
+            st.protected_chunks += 1
+
+    # -- eviction (inside a write transaction) ----------------------------------------
+
+    def _evict(self, txn: lmdb.Transaction, st: CacheState, target: int, plan: Plan) -> None:
+        """Evict until ``st.nbytes <= target``, in the order of the module docstring."""
+        start = st.nbytes
+
+        def over() -> bool:
+            return st.nbytes > target
+
+        # the hand at its rate (dead protected chunks), then down to the segment's cap,
+        # chunks not visited for a while first
+        self._sweep(txn, st, plan, plan.hand_budget, lambda: False, plan.protected_limit)
+
+        def capped() -> bool:
+            return st.protected_bytes <= plan.protected_cap
+
+        if not capped():
+            self._sweep(txn, st, plan, _HAND_LIMIT, capped, plan.stale_after)
+            self._sweep(txn, st, plan, _HAND_LIMIT, capped)
+        if over():
+            self._evict_dead(txn, st, plan, target)
+        if over():
+            self._evict_newest_read(txn, st, plan, target)
+        if over():
+            self._evict_oldest(txn, st, target)
+        while over() and st.protected_chunks:
+            before = st.chunks
+            self._sweep(txn, st, plan, _HAND_LIMIT, lambda: not over())
+            if st.chunks == before:  # nothing left to find (totals off after corruption)
+                break
+        st.evicted += start - st.nbytes
+
+    def _remove(
+        self, txn: lmdb.Transaction, st: CacheState, order_key: bytes, key: bytes
+    ) -> None:
+        """Evict the chunk an order record names (or drop the record if it is stale)."""
+        try:
+            head = self._get_head(txn, key)
+        except BadHead:
+            self._delete_undecodable(txn, st, key)
+            head = None
+        if head is None or head.order_key() != order_key:
+            txn.delete(order_key, db=self._order)
+            return
+        self._delete(txn, st, key, head)
+
+    def _sweep(
+        self, txn: lmdb.Transaction, st: CacheState, plan: Plan, budget: int,
+        stop: Callable[[], bool], unvisited_for: int = -1,
+    ) -> None:
+        """Move the protected segment's clock hand over up to ``budget`` entries, evicting
+        each, or only those not visited for more than ``unvisited_for`` visits."""
+        cur = txn.cursor(db=self._order)
+        for _ in range(min(budget, st.protected_chunks)):
+            if stop():
+                return
+            if not _seek(cur, ORDER_KEY.pack(PROTECTED, st.hand + 1), PROTECTED) and \
+                    not _seek(cur, ORDER_KEY.pack(PROTECTED, 0), PROTECTED):
+                return
+            order_key, key = bytes(cur.key()), bytes(cur.value())
+            st.hand = ORDER_KEY.unpack(order_key)[1]
+            if unvisited_for >= 0:
+                head = self._read_head(txn, key)
+                seen = max(plan.last_visit(key), head.stored_tick if head else 0)
+                if plan.tick - seen <= unvisited_for:
+                    continue
+            self._remove(txn, st, order_key, key)
+
+    def _evict_dead(self, txn: lmdb.Transaction, st: CacheState, plan: Plan, target: int) -> None:
+        """Probation chunks that arrived over ``probation_limit`` visits ago, oldest first."""
+        cur = txn.cursor(db=self._order)
+        while st.nbytes > target and _seek(cur, ORDER_KEY.pack(PROBATION, 0), PROBATION):
+            order_key, key = bytes(cur.key()), bytes(cur.value())
+            head = self._read_head(txn, key)
+            if head is not None and plan.tick - head.stored_tick <= plan.probation_limit:
+                return
+            self._remove(txn, st, order_key, key)
+
+    def _evict_newest_read(
+        self, txn: lmdb.Transaction, st: CacheState, plan: Plan, target: int
+    ) -> None:
+        """The most recently stored probation chunks that have been read, outside the window."""
+        cur = txn.cursor(db=self._order)
+        bound = ORDER_KEY.pack(PROBATION, max(0, st.seq - self._window_chunks) + 1)
+        ok = cur.prev() if cur.set_range(bound) else cur.last()
+        victims: list[tuple[bytes, bytes]] = []
+        excess = st.nbytes - target
+        for _ in range(_SCAN_LIMIT):
+            if not ok or excess <= 0 or cur.key()[0] != PROBATION:
+                break
+            order_key, key = bytes(cur.key()), bytes(cur.value())
+            head = self._read_head(txn, key)
+            if head is None or plan.is_visited(key, head.stored_tick):
+                victims.append((order_key, key))
+                excess -= len(head.sums) * BLOCK_SIZE if head else 0
+            ok = cur.prev()
+        for order_key, key in victims:
+            self._remove(txn, st, order_key, key)
+
+    def _evict_oldest(self, txn: lmdb.Transaction, st: CacheState, target: int) -> None:
+        """The oldest probation chunks, whatever they are."""
+        cur = txn.cursor(db=self._order)
+        while st.nbytes > target and _seek(cur, ORDER_KEY.pack(PROBATION, 0), PROBATION):
+            self._remove(txn, st, bytes(cur.key()), bytes(cur.value()))
+
+
+def _seek(cur: lmdb.Cursor, key: bytes, segment: int) -> bool:
+    """Position ``cur`` at the first order record at or after ``key`` within ``segment``."""
+    return bool(cur.set_range(key)) and cur.key()[0] == segment
+
+
+def nblocks(data: bytes) -> int:
+    return -(-len(data) // BLOCK_SIZE)
