@@ -24,7 +24,7 @@ import trio
 
 from hubd import wire
 from spokefs import metrics
-from spokefs.block_cache import ORIGIN_DEMAND, ORIGIN_PREFETCH, BlockCache
+from spokefs.block_cache import ORIGIN_DEMAND, ORIGIN_PREFETCH, ORIGIN_WARM, BlockCache
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
 from spokefs.errors import single_spoke_error
 from spokefs.hub_client import HubClient
@@ -93,8 +93,13 @@ class Fetcher:
 
     # -- prefetch -------------------------------------------------------------------
 
-    async def prefetch_range(self, fv: FileVersion, start: int, end: int) -> int:
-        """Fetch the chunks of ``[start, end)`` that are not cached or in flight; bytes fetched."""
+    async def prefetch_range(
+        self, fv: FileVersion, start: int, end: int, *, warm: bool = False
+    ) -> int:
+        """Fetch the chunks of ``[start, end)`` that are not cached or in flight; bytes fetched.
+
+        ``warm``: for ``spokefs warm``; the chunks are stored as warmed (kept like hot data).
+        """
         first_chunk, last_chunk = start // CHUNK_SIZE, (end - 1) // CHUNK_SIZE
         present = await self.cache.present_chunks(fv, first_chunk, last_chunk)
         wanted = [c for c in range(first_chunk, last_chunk + 1) if c not in present]
@@ -107,11 +112,14 @@ class Fetcher:
             for run in _runs(blocks, _RUN_BLOCKS):
                 await self._fetch_run(fv, run, got)
             if got:
-                await self.cache.put_runs(fv.file_id, fv.version, got, ORIGIN_PREFETCH)
-                self._remember_prefetched(fv, chunks)
+                origin = ORIGIN_WARM if warm else ORIGIN_PREFETCH
+                await self.cache.put_runs(fv.file_id, fv.version, got, origin)
+                if not warm:
+                    self._remember_prefetched(fv, chunks)
                 self._remember_recent(claimed)
             nbytes = sum(len(data) for _, data in got)
-            metrics.PREFETCH_ISSUED_BYTES.inc(nbytes)
+            if not warm:  # warmed bytes are asked for, not guessed: no prefetch accounting
+                metrics.PREFETCH_ISSUED_BYTES.inc(nbytes)
             return nbytes
         finally:
             self._release(claimed)

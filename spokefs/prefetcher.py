@@ -176,7 +176,7 @@ class Prefetcher:
             async with self._limiter:
                 began = time.monotonic()
                 nbytes = await self._fetcher.prefetch_range(
-                    fv, start, min(start + self._cfg.request_bytes, fv.size)
+                    fv, start, min(start + self._cfg.request_bytes, fv.size), warm=True
                 )
                 self.model.record(nbytes, time.monotonic() - began)
                 fetched += nbytes

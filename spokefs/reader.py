@@ -50,7 +50,7 @@ class Reader:
         """Fetch a whole file into the cache at the link's speed; bytes fetched."""
         if self._prefetcher is not None:
             return await self._prefetcher.warm(fv)
-        return await self._fetcher.prefetch_range(fv, 0, fv.size) if fv.size else 0
+        return await self._fetcher.prefetch_range(fv, 0, fv.size, warm=True) if fv.size else 0
 
     async def cached_bytes(self, files: list[FileVersion]) -> int:
         """How many bytes of these file versions are in the cache."""

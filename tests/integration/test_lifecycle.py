@@ -6,8 +6,10 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -189,3 +191,22 @@ def test_control_commands_reject_paths_outside_a_mount(tmp_path):
     res = run_spokefs("status", str(tmp_path))
     assert res.returncode == 1 and res.stderr.startswith("spokefs: error:"), res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_warmed_blocks_are_counted_as_warm_hits(src, hub_factory, mount_factory, free_port):
+    hub = hub_factory(root=src)
+    spoke = mount_factory(hub.url, "--metrics-port", str(free_port),
+                          "--metrics-addr", "127.0.0.1")
+    shard = spoke.mnt / "shards" / "s5.bin"
+    res = run_spokefs("warm", str(shard))
+    assert res.returncode == 0, res.stderr
+    cached, size = os.getxattr(shard, "user.spokefs.cached").split()
+    assert cached == size
+    hub.stop()
+    assert shard.read_bytes() == (src / "shards" / "s5.bin").read_bytes()
+    with urllib.request.urlopen(f"http://127.0.0.1:{free_port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    hits = {origin: float(v) for origin, v in re.findall(
+        r'^spokefs_block_hits_total\{origin="(\w+)"\} (\S+)$', text, re.M)}
+    assert hits["warm"] >= int(size) // 4096 and hits["prefetch"] == 0, hits
+    assert "spokefs_prefetch_issued_bytes_total 0.0" in text  # warming is not guessing
