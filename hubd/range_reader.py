@@ -32,8 +32,16 @@ import xxhash
 
 from hubd import wire
 from hubd.errors import (
-    BadPack, BadRange, MultipleRanges, Overloaded, PackTooLarge, RangeNotSatisfiable,
-    RangeTooLarge, ReadFailed, StaleVersion, UnknownFile,
+    BadPack,
+    BadRange,
+    MultipleRanges,
+    Overloaded,
+    PackTooLarge,
+    RangeNotSatisfiable,
+    RangeTooLarge,
+    ReadFailed,
+    StaleVersion,
+    UnknownFile,
 )
 from hubd.export_root import ExportRoot, file_id_of, version_of
 from hubd.snapshot import Snapshot

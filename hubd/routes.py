@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from aiohttp import hdrs, web
 
 from hubd import wire
-from hubd.config import HubConfig
 from hubd.changes import ChangeFeed
+from hubd.config import HubConfig
 from hubd.errors import BadGeneration, BadId, BadPack, RequestTimeout
 from hubd.export_root import ExportRoot
 from hubd.metrics import METRICS

@@ -297,7 +297,7 @@ class ChunkStore:
                 self._delete(txn, st, key, head)
             return
         blocks = split_blocks(head, value)
-        sums = dict(zip(head.slots(), head.sums))
+        sums = dict(zip(head.slots(), head.sums, strict=True))
         keep = {s: b for s, b in blocks.items() if s not in bad}
         if not keep:
             self._delete(txn, st, key, head)
@@ -322,7 +322,7 @@ class ChunkStore:
         value = None if head is None else txn.get(key, db=self._data)
         if head is not None and value is not None:  # merge: keeps origin, segment, order
             blocks = split_blocks(head, value)
-            sums = dict(zip(head.slots(), head.sums))
+            sums = dict(zip(head.slots(), head.sums, strict=True))
             self._account(st, head, -(len(value) + len(head.tail)))
         else:
             if head is not None:  # a header without data

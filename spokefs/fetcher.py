@@ -177,7 +177,8 @@ class Fetcher:
     async def _fetch_run(self, fv: FileVersion, run: range, out: list[tuple[int, bytes]]) -> None:
         start = run.start * BLOCK_SIZE
         stop = min(run.stop * BLOCK_SIZE, fv.size)
-        out.append((run.start, await self._hub.fetch_range(fv.file_id, fv.version, start, stop - start)))
+        data = await self._hub.fetch_range(fv.file_id, fv.version, start, stop - start)
+        out.append((run.start, data))
 
     def _remember_recent(self, keys: set[ChunkKey]) -> None:
         for key in keys:

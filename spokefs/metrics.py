@@ -60,9 +60,13 @@ NAMESPACE_BYTES = Gauge("spokefs_namespace_bytes", "Bytes of all files in the na
 REFRESH_ERRORS = Counter("spokefs_namespace_refresh_errors_total", "Failed namespace refreshes")
 
 FUSE_ERRORS = Counter("spokefs_fuse_errors_total", "Errors returned to FUSE", ["op", "errno"])
-INTERNAL_ERRORS = Counter("spokefs_internal_errors_total", "Bugs caught at the FUSE boundary", ["op"])
+INTERNAL_ERRORS = Counter(
+    "spokefs_internal_errors_total", "Bugs caught at the FUSE boundary", ["op"]
+)
 
-PREFETCH_ISSUED_BYTES = Counter("spokefs_prefetch_issued_bytes_total", "Bytes fetched ahead of readers")
+PREFETCH_ISSUED_BYTES = Counter(
+    "spokefs_prefetch_issued_bytes_total", "Bytes fetched ahead of readers"
+)
 PREFETCH_USED_BYTES = Counter(
     "spokefs_prefetch_used_bytes_total", "Prefetched bytes that a read later used"
 )

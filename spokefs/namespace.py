@@ -239,7 +239,8 @@ class Namespace:
             self._link(txn, e, b)
         if old is not None:
             mode, size, mtime, nlink, version, _ = _ATTR.unpack_from(old)
-            if (mode, size, mtime, nlink, version) != (e.mode, e.size, e.mtime_ns, e.nlink, e.version):
+            new = (e.mode, e.size, e.mtime_ns, e.nlink, e.version)
+            if (mode, size, mtime, nlink, version) != new:
                 b.inodes.add(self.inode(e.file_id))
             b.total += (e.size if not e.is_dir else 0) - (size if not stat.S_ISDIR(mode) else 0)
         elif not e.is_dir:

@@ -195,7 +195,8 @@ class Prefetcher:
                 continue  # the reader went elsewhere or closed the file
             async with self._limiter:
                 if job.epoch == job.stream.epoch:
-                    await self._timed(self._fetcher.prefetch_range(job.stream.fv, job.start, job.end))
+                    fetch = self._fetcher.prefetch_range(job.stream.fv, job.start, job.end)
+                    await self._timed(fetch)
 
     async def _dir_worker(self, dirs: trio.MemoryReceiveChannel[int]) -> None:
         async for parent_id in dirs:

@@ -59,9 +59,13 @@ class Refresher:
             else:
                 await self._full(self._mount_deadline_s)
         except HubUnavailable as exc:
-            raise UserError(f"cannot reach the hub at {self._hub.base_url}: {exc.__cause__}") from None
+            raise UserError(
+                f"cannot reach the hub at {self._hub.base_url}: {exc.__cause__}"
+            ) from None
         except HubProtocolError as exc:
-            raise UserError(f"the hub at {self._hub.base_url} refused the namespace: {exc}") from None
+            raise UserError(
+                f"the hub at {self._hub.base_url} refused the namespace: {exc}"
+            ) from None
         except wire.WireError as exc:
             raise UserError(f"the hub at {self._hub.base_url} sent a bad snapshot: {exc}") from None
         info = self._ns.info
