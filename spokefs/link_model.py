@@ -6,13 +6,15 @@ spoke keeps many requests going at once. How many depends on the link, the hub a
 machine, so it is found by measurement rather than assumed:
 
 - The **delivery rate** is the bytes of finished background requests per second over one
-  probe interval; the **request latency** is the median of recent requests. A probe
-  interval lasts at least two median latencies, so each setting is judged on requests that
-  started and finished under it.
-- **Probing.** While background work is waiting for a slot, the limit grows by half each
-  interval as long as the rate keeps improving by more than ``_BETTER``; when it stops
-  improving, the limit returns to the best setting seen and holds for ``_HOLD`` intervals,
-  then probes again (the link may have grown). The best rate decays slowly so a link that
+  probe interval; the **request latency** is the median of recent requests.
+- **Start-up.** Like TCP's slow start, the limit doubles every interval (one median latency
+  long, at least ``_MIN_INTERVAL_S``) while the rate keeps improving: at 900 ms a reader
+  reaches the link's ceiling in a few seconds, not tens of seconds.
+- **Probing.** After that, while background work is waiting for a slot, the limit grows by
+  half each interval (two median latencies long, so each setting is judged on requests that
+  started and finished under it) as long as the rate keeps improving by more than
+  ``_BETTER``; when it stops improving, the limit returns to the best setting seen and holds
+  for ``_HOLD`` intervals, then probes again (the link may have grown). The best rate decays slowly so a link that
   got slower is re-measured. With no work waiting, the limit is not what limits the rate,
   and nothing changes.
 
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 
 _BETTER = 1.05
 _GROW = 1.5
+_STARTUP_GROW = 2.0
 _HOLD = 8
 _DECAY = 0.98
 _MIN_INTERVAL_S = 0.5
@@ -46,16 +49,19 @@ class LinkEstimate:
 class LinkModel:
     """Rate and latency of background requests, and the in-flight limit that maximises rate."""
 
-    def __init__(self, min_requests: int, max_requests: int, initial: int) -> None:
+    def __init__(
+        self, min_requests: int, max_requests: int, initial: int, now: float | None = None
+    ) -> None:
         self.min_requests = min_requests
         self.max_requests = max_requests
         self.limit = initial
         self._latencies: deque[float] = deque(maxlen=_LATENCY_SAMPLES)
         self._bytes = 0
-        self._interval_start = time.monotonic()
+        self._interval_start = time.monotonic() if now is None else now
         self._best_rate = 0.0
         self._best_limit = initial
         self._hold = 0
+        self._starting = True
         self.last = LinkEstimate(0.0, 0.0, initial)
 
     def record(self, nbytes: int, seconds: float) -> None:
@@ -68,7 +74,7 @@ class LinkModel:
         now = time.monotonic() if now is None else now
         latency = statistics.median(self._latencies) if self._latencies else 0.0
         elapsed = now - self._interval_start
-        if elapsed < max(_MIN_INTERVAL_S, 2 * latency):
+        if elapsed < max(_MIN_INTERVAL_S, (1 if self._starting else 2) * latency):
             return self.last
         rate = self._bytes / elapsed
         self._bytes = 0
@@ -83,8 +89,10 @@ class LinkModel:
         if rate > self._best_rate * _BETTER:
             self._best_rate, self._best_limit = rate, self.limit
             self._hold = 0
-            self.limit = self._clamp(math.ceil(self.limit * _GROW))
-        elif self._hold < _HOLD:
+            grow = _STARTUP_GROW if self._starting else _GROW
+            self.limit = self._clamp(math.ceil(self.limit * grow))
+        elif self._starting or self._hold < _HOLD:
+            self._starting = False
             self._hold += 1
             self.limit = self._best_limit
         else:  # held long enough at the best setting: look for more again
