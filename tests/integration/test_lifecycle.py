@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import procs
 from tests.helpers.procs import SpokeMount, is_mounted, run_spokefs
 
 pytestmark = pytest.mark.fuse
@@ -193,8 +194,9 @@ def test_control_commands_reject_paths_outside_a_mount(tmp_path):
     assert "Traceback" not in res.stderr
 
 
-def test_warmed_blocks_are_counted_as_warm_hits(src, hub_factory, mount_factory, free_port):
+def test_warmed_blocks_are_counted_as_warm_hits(src, hub_factory, mount_factory):
     hub = hub_factory(root=src)
+    free_port = procs.free_port()  # after the hub bound its port 0, so it cannot be that one
     spoke = mount_factory(hub.url, "--metrics-port", str(free_port),
                           "--metrics-addr", "127.0.0.1")
     shard = spoke.mnt / "shards" / "s5.bin"

@@ -194,11 +194,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory, make_mountpoint) -> Iterator
     and (when installed) Prometheus scraping both every second."""
     tmp = tmp_path_factory.mktemp("obs")
     files = _make_tree(tmp / "export")
-    metrics_port = procs.free_port()
     hub = HubProcess(tmp / "export", tmp / "hub")
     spoke = None
     try:
         hub.start()
+        # picked after the hub bound its own port 0: picked before, the hub could take it
+        metrics_port = procs.free_port()
         spoke = SpokeMount(hub.url, make_mountpoint("obs"), tmp / "cache", tmp / "spoke",
                            ("--metrics-port", str(metrics_port), "--metrics-addr", "127.0.0.1"))
         spoke.start()
