@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -285,3 +286,39 @@ def pids_mentioning(needle: str) -> list[int]:
         if os.fsencode(needle) in argv and b"spokefs" in argv:
             found.append(int(entry))
     return found
+
+
+def mount_fails(url: str, mnt: Path, cache: Path, *args: str, timeout_s: float = 60) -> str:
+    """A foreground mount that must fail: exit 1, one error line, no traceback, no mount.
+    Returns the error line."""
+    cmd = [sys.executable, "-m", "spokefs", "mount", url, str(mnt), "--cache-dir", str(cache),
+           "--cache-size", "64M", "--metrics-port", "0", "--mount-deadline", "2", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, cwd=REPO_ROOT, env=child_env())
+    try:
+        _, err_b = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        if is_mounted(mnt):
+            fusermount_unmount(mnt)
+        proc.kill()
+        proc.communicate()
+        pytest.fail(f"{cmd} did not fail (it mounted or hung)")
+    err = err_b.decode(errors="replace")
+    assert proc.returncode == 1 and "Traceback" not in err, f"exit {proc.returncode}\n{err}"
+    lines = [line for line in err.splitlines() if line.startswith("spokefs: error: ")]
+    assert len(lines) == 1, err
+    assert not is_mounted(mnt)
+    return lines[0]
+
+
+def scrape_metrics(port: int) -> dict[str, float]:
+    """A spoke's /metrics on 127.0.0.1:PORT, each metric summed over its labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            key = name.split("{", 1)[0]
+            out[key] = out.get(key, 0.0) + float(value)
+    return out

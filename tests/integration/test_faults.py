@@ -23,7 +23,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +30,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.helpers.procs import SpokeMount, free_port, is_mounted, run_spokefs
+from tests.helpers.procs import SpokeMount, free_port, is_mounted, run_spokefs, scrape_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from longlink import LongLinkProcess  # noqa: E402
@@ -133,17 +132,6 @@ def tree_meta(root: Path) -> dict[str, tuple[int, int]]:
     return out
 
 
-def scrape(port: int) -> dict[str, float]:
-    """The spoke's metrics, each summed over its labels."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            key = name.split("{", 1)[0]
-            out[key] = out.get(key, 0.0) + float(value)
-    return out
 
 
 def write_random(path: Path, rnd: random.Random, size: int) -> None:
@@ -485,7 +473,7 @@ def test_cache_on_a_full_disk_degrades_and_reads_stay_exact(tmp_path, tiny_fs, h
                     os.close(mfd)
                     os.close(sfd)
             assert spoke.proc is not None and spoke.proc.poll() is None, spoke.stderr()
-        m = scrape(port)
+        m = scrape_metrics(port)
         free = os.statvfs(tiny_fs)
         # the fault really happened: fills failed for want of space
         assert m.get("spokefs_cache_write_errors_total", 0) > 0, (m, spoke.stderr())

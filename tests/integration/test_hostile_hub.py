@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import stat
-import subprocess
-import sys
 import threading
 import time
 import zlib
@@ -35,7 +33,6 @@ ROOT_ID = 2
 GEN = 7
 DIR = stat.S_IFDIR | 0o755
 REG = stat.S_IFREG | 0o644
-FAIL_TIMEOUT_S = 60
 FILE_BYTES = bytes(range(256)) * 40  # 10,240 bytes
 
 
@@ -164,26 +161,6 @@ def fake_hub() -> Iterator[FakeHub]:
         yield hub
 
 
-def mount_fails(url: str, mnt: Path, cache: Path) -> str:
-    """A mount that must fail: exit 1, one error line, no traceback, nothing mounted."""
-    cmd = [sys.executable, "-m", "spokefs", "mount", url, str(mnt), "--cache-dir", str(cache),
-           "--cache-size", "64M", "--metrics-port", "0", "--mount-deadline", "2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, cwd=procs.REPO_ROOT, env=procs.child_env())
-    try:
-        _, err_b = proc.communicate(timeout=FAIL_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        if procs.is_mounted(mnt):
-            procs.fusermount_unmount(mnt)
-        proc.kill()
-        proc.communicate()
-        pytest.fail(f"{cmd} did not fail (it mounted or hung)")
-    err = err_b.decode(errors="replace")
-    assert proc.returncode == 1 and "Traceback" not in err, f"exit {proc.returncode}\n{err}"
-    lines = [line for line in err.splitlines() if line.startswith("spokefs: error: ")]
-    assert len(lines) == 1, err
-    assert not procs.is_mounted(mnt)
-    return lines[0]
 
 
 def test_hostile_snapshots_are_refused(fake_hub: FakeHub, tmp_path: Path,
@@ -194,7 +171,7 @@ def test_hostile_snapshots_are_refused(fake_hub: FakeHub, tmp_path: Path,
         fake_hub.snapshot = body() if callable(body) else body
         fake_hub.content_type = ctype or wire.SNAPSHOT_MEDIA_TYPE
         started = time.monotonic()
-        line = mount_fails(fake_hub.url, mnt, tmp_path / f"cache-{name}")
+        line = procs.mount_fails(fake_hub.url, mnt, tmp_path / f"cache-{name}")
         prefix = f"spokefs: error: the hub at {fake_hub.url} sent a bad snapshot: "
         assert line.startswith(prefix), (name, line)
         assert why in line, (name, line)

@@ -16,13 +16,12 @@ import os
 import random
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from tests.helpers.procs import SpokeMount, free_port
+from tests.helpers.procs import SpokeMount, free_port, scrape_metrics
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow]
 
@@ -156,16 +155,6 @@ def load_src(tmp_path: Path) -> Path:
     return root
 
 
-def scrape(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            key = name.split("{", 1)[0]
-            out[key] = out.get(key, 0.0) + float(value)
-    return out
 
 
 def test_64_readers_with_a_hub_restart_read_only_exact_bytes(load_src, tmp_path, hub_factory,
@@ -203,7 +192,7 @@ def test_64_readers_with_a_hub_restart_read_only_exact_bytes(load_src, tmp_path,
         for t in threads:
             t.join(JOIN_S)
         assert not any(t.is_alive() for t in threads), "a reader is stuck"
-        m = scrape(port)
+        m = scrape_metrics(port)
         assert spoke.proc is not None and spoke.proc.poll() is None, spoke.stderr()
     finally:
         stop.set()

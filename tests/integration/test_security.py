@@ -36,7 +36,6 @@ pytestmark = pytest.mark.fuse
 TOKEN = "k3Y-integration_token.0123456789"
 READY_RE = re.compile(r"at (https?://\S+) \(")
 FILES = {"a.txt": b"alpha\n", "sub/b.bin": bytes(range(256)) * 300}
-FAIL_TIMEOUT_S = 60
 
 
 @dataclass(frozen=True)
@@ -126,27 +125,6 @@ def mounted(url: str, mnt: Path, tmp: Path, *args: str) -> Iterator[SpokeMount]:
     spoke.assert_clean_exit()
 
 
-def mount_fails(url: str, mnt: Path, cache: Path, *args: str) -> str:
-    """A foreground mount that must fail: exit 1, one error line, no traceback, no mount.
-    Returns the error line."""
-    cmd = [sys.executable, "-m", "spokefs", "mount", url, str(mnt), "--cache-dir", str(cache),
-           "--cache-size", "64M", "--metrics-port", "0", "--mount-deadline", "2", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, cwd=procs.REPO_ROOT, env=procs.child_env())
-    try:
-        _, err_b = proc.communicate(timeout=FAIL_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        if procs.is_mounted(mnt):
-            procs.fusermount_unmount(mnt)
-        proc.kill()
-        proc.communicate()
-        pytest.fail(f"{cmd} did not fail (it mounted or hung)")
-    err = err_b.decode(errors="replace")
-    assert proc.returncode == 1 and "Traceback" not in err, f"exit {proc.returncode}\n{err}"
-    lines = [line for line in err.splitlines() if line.startswith("spokefs: error: ")]
-    assert len(lines) == 1, err
-    assert not procs.is_mounted(mnt)
-    return lines[0]
 
 
 def check_files(mnt: Path) -> None:
@@ -171,15 +149,15 @@ def test_tls_mount_verifies_the_hub(certs: Certs, export_root: Path, tmp_path: P
                      "--ca-file", str(certs.ca)) as spoke:
             check_files(spoke.mnt)
         mnt = make_mountpoint("tls-bad")
-        system_roots = mount_fails(hub.url, mnt, tmp_path / "c1")
-        other_ca = mount_fails(hub.url, mnt, tmp_path / "c2", "--ca-file", str(certs.other_ca))
-        wrong_name = mount_fails(hub.url.replace("127.0.0.1", "localhost"), mnt, tmp_path / "c3",
+        system_roots = procs.mount_fails(hub.url, mnt, tmp_path / "c1")
+        other_ca = procs.mount_fails(hub.url, mnt, tmp_path / "c2", "--ca-file", str(certs.other_ca))
+        wrong_name = procs.mount_fails(hub.url.replace("127.0.0.1", "localhost"), mnt, tmp_path / "c3",
                                  "--ca-file", str(certs.ca))
         for line in (system_roots, other_ca, wrong_name):
             assert "certificate verify failed" in line, line
         assert "--ca-file" in system_roots
         assert "localhost" in wrong_name
-        plain = mount_fails(hub.url.replace("https:", "http:"), mnt, tmp_path / "c4")
+        plain = procs.mount_fails(hub.url.replace("https:", "http:"), mnt, tmp_path / "c4")
         assert "cannot reach the hub" in plain
         assert hub.proc.poll() is None
     err = hub.stderr()
@@ -262,8 +240,8 @@ def test_token_through_a_real_mount(export_root: Path, tmp_path: Path,
                 f"{hub.url}/metrics")
             hub_cmd, spoke_cmd = _cmdline(hub.proc.pid), _cmdline(spoke.proc.pid)
         mnt = make_mountpoint("token-bad")
-        lines = [mount_fails(hub.url, mnt, tmp_path / "c1", "--token-file", str(wrong)),
-                 mount_fails(hub.url, mnt, tmp_path / "c2")]
+        lines = [procs.mount_fails(hub.url, mnt, tmp_path / "c1", "--token-file", str(wrong)),
+                 procs.mount_fails(hub.url, mnt, tmp_path / "c2")]
         for line in lines:
             assert "401" in line and "token" in line, line
     secret = TOKEN.encode()
