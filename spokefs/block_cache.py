@@ -369,10 +369,6 @@ class BlockCache:
         """Bytes of these file versions held in the cache (headers only, one thread hop)."""
         return await self._read(0, "cached_bytes", files)
 
-    async def cached_bytes_of(self, fv: FileVersion) -> int:
-        """Bytes of one file version held in the cache (``spokefs status``, the xattr)."""
-        return await self.cached_bytes([fv])
-
     async def _read(self, empty: T, method: str, *args: Any) -> T:
         """A read transaction; any cache trouble reads as ``empty`` (a miss, never an error)."""
         try:

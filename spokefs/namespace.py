@@ -377,21 +377,11 @@ class Namespace:
 
         Blocking for a large directory: callers run it in a thread.
         """
-        out = []
-        with self._env.begin() as txn:
-            cur = txn.cursor(db=self._dpos)
-            if not cur.set_range(_POS.pack(dir_id, 0)):
-                return out
-            for key, value in cur:
-                if _POS.unpack(key)[0] != dir_id:
-                    break
-                raw = txn.get(value[:8], db=self._attr)
-                if raw is None:
-                    continue
-                mode, size, _, _, version, _ = _ATTR.unpack_from(raw)
-                if stat.S_ISREG(mode):
-                    out.append((_ID.unpack_from(value)[0], version, size))
-        return out
+        return [
+            (a.file_id, a.version, a.size)
+            for _, _, a in self.readdir(self.inode(dir_id), 0)
+            if stat.S_ISREG(a.mode)
+        ]
 
     def _decode(self, fid: int, raw: bytes) -> Attr:
         mode, size, mtime_ns, nlink, version, parent = _ATTR.unpack_from(raw)

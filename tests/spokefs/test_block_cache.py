@@ -105,14 +105,14 @@ async def test_persists_across_reopen(tmp_path):
     cache.close()
 
 
-async def test_cached_bytes_of_a_file(tmp_path):
+async def test_cached_bytes_of_files(tmp_path):
     cache = BlockCache(tmp_path, 64 << 20)
     fv = FileVersion(5, 1, BLOCK_SIZE * 40 + 10)
     data = os.urandom(fv.size)
-    assert await cache.cached_bytes_of(fv) == 0
+    assert await cache.cached_bytes([fv]) == 0
     await cache.put_runs(5, 1, blocks_of(data, range(0, 3)))
     await cache.put_runs(5, 1, blocks_of(data, range(39, 41)))
-    assert await cache.cached_bytes_of(fv) == 4 * BLOCK_SIZE + 10
+    assert await cache.cached_bytes([fv]) == 4 * BLOCK_SIZE + 10
     assert await cache.cached_bytes([fv, FileVersion(6, 1, 100)]) == 4 * BLOCK_SIZE + 10
     cache.close()
 
@@ -379,6 +379,14 @@ def _assert_set_aside(path: Path, caplog: pytest.LogCaptureFixture) -> None:
     assert len(errors) == 1 and "corrupt" in errors[0].getMessage()
 
 
+async def _assert_empty_and_usable(cache: BlockCache) -> None:
+    """A cache set aside starts empty and stores and serves again."""
+    assert cache.statistics().bytes_used == 0
+    data = os.urandom(CHUNK_SIZE)
+    await cache.put_runs(1, 1, [(0, data)])
+    assert b"".join((await cache.get_blocks(1, 1, 0, 15)).values()) == data
+
+
 async def test_a_torn_meta_page_sets_the_cache_aside_at_open(tmp_path, caplog):
     path = tmp_path / "blocks"
     await _filled(path)
@@ -386,10 +394,7 @@ async def test_a_torn_meta_page_sets_the_cache_aside_at_open(tmp_path, caplog):
     with caplog.at_level(logging.ERROR):
         cache = BlockCache(path, 64 << 20)
     _assert_set_aside(path, caplog)
-    assert cache.statistics().bytes_used == 0
-    data = os.urandom(CHUNK_SIZE)
-    await cache.put_runs(1, 1, [(0, data)])
-    assert b"".join((await cache.get_blocks(1, 1, 0, 15)).values()) == data
+    await _assert_empty_and_usable(cache)
     cache.close()
 
 
@@ -403,12 +408,9 @@ async def test_a_corrupt_btree_page_found_while_running_resets_the_cache(tmp_pat
     cache = BlockCache(path, 64 << 20)  # shut down cleanly: no check at open
     with caplog.at_level(logging.ERROR):
         assert await cache.get_blocks(7, 1, 0, 15) == {}  # a miss, not an error
-        assert await cache.cached_bytes_of(FileVersion(7, 1, CHUNK_SIZE)) == 0
+        assert await cache.cached_bytes([FileVersion(7, 1, CHUNK_SIZE)]) == 0
     _assert_set_aside(path, caplog)
-    assert cache.statistics().bytes_used == 0
-    data = os.urandom(CHUNK_SIZE)
-    await cache.put_runs(1, 1, [(0, data)])
-    assert b"".join((await cache.get_blocks(1, 1, 0, 15)).values()) == data
+    await _assert_empty_and_usable(cache)
     cache.close()
 
 
