@@ -292,30 +292,64 @@ def decode_pack_request(body: bytes) -> list[tuple[int, int]]:
 def decode_pack(
     body: bytes, items: list[tuple[int, int]]
 ) -> dict[tuple[int, int], tuple[bytes, int] | None]:
-    """Split a pack answer into ``(file id, version) -> (bytes, xxh3_64)``; None: gone.
+    """Split a whole pack answer into ``(file id, version) -> (bytes, xxh3_64)``; None: gone.
 
     Checksums are not verified here (wire.py is stdlib-only; the caller does, with xxhash);
     the structure is: every asked item once, in order, nothing extra.
     """
-    out: dict[tuple[int, int], tuple[bytes, int] | None] = {}
-    pos = 0
-    for fid, ver in items:
-        if len(body) - pos < PACK_RECORD.size:
-            raise WireError("pack answer cut short")
-        rfid, rver, length, digest = PACK_RECORD.unpack_from(body, pos)
-        pos += PACK_RECORD.size
-        if (rfid, rver) != (fid, ver):
-            raise WireError("pack answer out of order")
-        if length == PACK_GONE:
-            out[(fid, ver)] = None
-            continue
-        if length < 0 or pos + length > len(body):
-            raise WireError("pack answer cut short")
-        out[(fid, ver)] = (body[pos : pos + length], digest)
-        pos += length
-    if pos != len(body):
-        raise WireError("data after the pack answer")
+    decoder = PackDecoder(items)
+    out = dict(decoder.feed(body))
+    decoder.finish()
     return out
+
+
+class PackDecoder:
+    """Decodes a pack answer as it streams in: each file is complete as soon as its last
+    byte has arrived, so a reader waiting for it need not wait for the rest of the pack.
+
+    ``feed`` returns the records completed by a piece of the body, ``finish`` checks that
+    the answer was whole; both raise ``WireError`` on a malformed answer.
+    """
+
+    def __init__(self, items: list[tuple[int, int]]) -> None:
+        self._items = items
+        self._next = 0  # index of the item whose record comes next
+        self._buf = bytearray()
+        self._record: tuple[int, int, int, int] | None = None  # header of the file under way
+
+    def feed(self, piece: bytes) -> list[tuple[tuple[int, int], tuple[bytes, int] | None]]:
+        self._buf += piece
+        done: list[tuple[tuple[int, int], tuple[bytes, int] | None]] = []
+        while True:
+            if self._record is None:
+                if len(self._buf) < PACK_RECORD.size:
+                    break
+                if self._next >= len(self._items):
+                    raise WireError("data after the pack answer")
+                rfid, rver, length, digest = PACK_RECORD.unpack_from(self._buf)
+                del self._buf[: PACK_RECORD.size]
+                if (rfid, rver) != self._items[self._next]:
+                    raise WireError("pack answer out of order")
+                if length != PACK_GONE and length < 0:
+                    raise WireError("pack answer with a negative length")
+                self._record = (rfid, rver, length, digest)
+            rfid, rver, length, digest = self._record
+            if length == PACK_GONE:
+                done.append(((rfid, rver), None))
+            elif len(self._buf) >= length:
+                done.append(((rfid, rver), (bytes(self._buf[:length]), digest)))
+                del self._buf[:length]
+            else:
+                break
+            self._record = None
+            self._next += 1
+        return done
+
+    def finish(self) -> None:
+        if self._buf and self._next >= len(self._items):
+            raise WireError("data after the pack answer")
+        if self._next < len(self._items):
+            raise WireError("pack answer cut short")
 
 
 # -- decoding (spokefs) ------------------------------------------------------------------

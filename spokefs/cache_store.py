@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import lmdb
@@ -119,14 +119,14 @@ class ChunkStore:
         self._env.close()
 
     def _migrate(self, txn: lmdb.Transaction) -> None:
-        """Drop the databases of layout 1 (a cache: nothing is lost but time)."""
-        for name in (b"chunks", b"fifo", b"meta"):
-            if txn.get(name) is None:
-                continue
-            db = self._env.open_db(name, txn=txn)
-            if name == b"meta" and txn.get(b"layout", db=db) is not None:
-                continue
-            txn.drop(db, delete=True)
+        """Drop the databases of an older layout (a cache: nothing is lost but time)."""
+        meta = self._env.open_db(b"meta", txn=txn) if txn.get(b"meta") is not None else None
+        layout = None if meta is None else txn.get(b"layout", db=meta)
+        if layout is not None and bytes(layout) == bytes([LAYOUT]):
+            return
+        for name in (b"chunks", b"fifo", b"data", b"head", b"order", b"meta"):
+            if txn.get(name) is not None:
+                txn.drop(self._env.open_db(name, txn=txn), delete=True)
 
     # -- read transactions ----------------------------------------------------------
 
@@ -173,6 +173,71 @@ class ChunkStore:
                     else:
                         corrupt.append(idx)
         return found, corrupt, seen
+
+    def read(
+        self, file_id: int, version: int, offset: int, end: int,
+        staged: Callable[[bytes], list[Staged] | None],
+    ) -> ReadResult:
+        """The bytes ``[offset, end)`` of a file version, in one read transaction and one copy,
+        or which blocks are missing.
+
+        Each chunk of the range comes whole from one place when it can: a piece ``staged``
+        for writing (fetched, verified, not yet committed) or the stored chunk, verified with
+        its chunk checksum (most of a chunk read) or its block checksums (one or two blocks).
+        A chunk whose blocks are spread over both is assembled block by block.
+        """
+        res = ReadResult()
+        parts: list[memoryview | bytes] = []
+        with self._env.begin(buffers=True) as txn:
+            for ci in range(offset // CHUNK_SIZE, (end - 1) // CHUNK_SIZE + 1):
+                base = ci * CHUNK_SIZE
+                a, b = max(offset, base) - base, min(end, base + CHUNK_SIZE) - base
+                key = KEY.pack(file_id, version, ci)
+                got = _from_staged(staged(key), a, b, res)
+                if got is None:
+                    got = self._from_store(txn, key, a, b, staged(key), res)
+                else:
+                    res.seen.append((key, None))
+                if got is None:
+                    first, last = (base + a) // BLOCK_SIZE, (base + b - 1) // BLOCK_SIZE
+                    res.missing.extend(range(first, last + 1))
+                elif not res.missing:
+                    parts.extend(got)
+            if not res.missing:
+                res.data = b"".join(parts)  # the one copy, inside the transaction
+        return res
+
+    def _from_store(
+        self, txn: lmdb.Transaction, key: bytes, a: int, b: int, staged: list[Staged] | None,
+        res: ReadResult,
+    ) -> list[memoryview | bytes] | None:
+        """Bytes ``[a, b)`` of a stored chunk, verified; None if any block is not there."""
+        lo, hi = a // BLOCK_SIZE, (b - 1) // BLOCK_SIZE
+        base_block = KEY.unpack(key)[2] * CHUNK_BLOCKS
+        try:
+            head = self._get_head(txn, key)
+            value = None if head is None else txn.get(key, db=self._data)
+            if head is not None and value is None:
+                raise BadHead("a header without data")
+        except BadHead:
+            res.corrupt.extend(range(base_block + lo, base_block + hi + 1))
+            res.seen.append((key, None))
+            return None
+        res.seen.append((key, head))
+        if head is None or value is None:
+            return _assemble(None, None, staged, a, b, res) if staged else None
+        need = ((1 << (hi - lo + 1)) - 1) << lo
+        if head.bitmap & need != need:
+            return _assemble(head, value, staged, a, b, res)
+        view = memoryview(value)
+        bad = _verify(head, view, lo, hi)
+        if bad:
+            res.corrupt.extend(base_block + s for s in bad)
+            return None
+        rank_lo = (head.bitmap & ((1 << lo) - 1)).bit_count()
+        da = rank_lo * BLOCK_SIZE + a - lo * BLOCK_SIZE
+        res.by_origin[min(head.origin, len(ORIGINS) - 1)] += hi - lo + 1
+        return _span(view, head.tail, da, da + b - a)
 
     def _get_head(self, txn: lmdb.Transaction, key: bytes) -> ChunkHead | None:
         """The chunk's header, None if absent; raises BadHead if it cannot be decoded."""
@@ -227,18 +292,19 @@ class ChunkStore:
         plan: Plan,
     ) -> CacheState:
         """Store runs of blocks as chunks; evict in the same transaction if over quota."""
+        pieces = [
+            (key, slot, piece, origin) for key, slot, piece in chunk_pieces(file_id, version, runs)
+        ]
+        return self.put_pieces(pieces, plan)
+
+    def put_pieces(
+        self, pieces: list[tuple[bytes, int, memoryview, int]], plan: Plan
+    ) -> CacheState:
+        """Store ``(chunk key, first slot, contiguous blocks, origin)`` pieces, one transaction;
+        evict in it if over quota."""
         with self._writing(plan) as (txn, st):
-            for first, data in runs:
-                view = memoryview(data)
-                idx, end = first, first + nblocks(data)
-                while idx < end:
-                    ci, slot = divmod(idx, CHUNK_BLOCKS)
-                    count = min(CHUNK_BLOCKS - slot, end - idx)
-                    off = (idx - first) * BLOCK_SIZE
-                    piece = view[off : off + count * BLOCK_SIZE]
-                    key = KEY.pack(file_id, version, ci)
-                    self._put_piece(txn, st, key, slot, piece, origin, plan)
-                    idx += count
+            for key, slot, piece, origin in pieces:
+                self._put_piece(txn, st, key, slot, piece, origin, plan)
             if st.nbytes > self.max_bytes:
                 self._evict(txn, st, self.max_bytes - self._batch, plan)
         return st
@@ -310,28 +376,32 @@ class ChunkStore:
         origin: int, plan: Plan,
     ) -> None:
         """Store contiguous blocks from ``slot`` on into one chunk (new or merged)."""
-        new = {
-            slot + n: bytes(piece[o : o + BLOCK_SIZE])
-            for n, o in enumerate(range(0, len(piece), BLOCK_SIZE))
-        }
         try:
             head = self._get_head(txn, key)
         except BadHead:
             self._delete_undecodable(txn, st, key)
             head = None
         value = None if head is None else txn.get(key, db=self._data)
-        if head is not None and value is not None:  # merge: keeps origin, segment, order
-            blocks = split_blocks(head, value)
-            sums = dict(zip(head.slots(), head.sums, strict=True))
-            self._account(st, head, -(len(value) + len(head.tail)))
-        else:
+        if head is None or value is None:  # a new chunk: its bytes as they came, one copy
             if head is not None:  # a header without data
                 self._delete(txn, st, key, head)
-            blocks, sums = {}, {}
             head = self._new_head(txn, st, key, origin, plan)
-        blocks.update(new)
-        sums.update((s, xxhash.xxh3_64_intdigest(b)) for s, b in new.items())
-        self._store(txn, st, key, head, blocks, sums)
+            sums = [
+                xxhash.xxh3_64_intdigest(piece[o : o + BLOCK_SIZE])
+                for o in range(0, len(piece), BLOCK_SIZE)
+            ]
+            bitmap = ((1 << len(sums)) - 1) << slot
+            self._write_chunk(txn, st, key, head, bitmap, sums, bytes(piece))
+            return
+        # a merge keeps origin, segment and order
+        blocks = split_blocks(head, value)
+        sums_of = dict(zip(head.slots(), head.sums, strict=True))
+        self._account(st, head, -(len(value) + len(head.tail)))
+        for n, off in enumerate(range(0, len(piece), BLOCK_SIZE)):
+            block = bytes(piece[off : off + BLOCK_SIZE])
+            blocks[slot + n] = block
+            sums_of[slot + n] = xxhash.xxh3_64_intdigest(block)
+        self._store(txn, st, key, head, blocks, sums_of)
 
     def _new_head(
         self, txn: lmdb.Transaction, st: CacheState, key: bytes, origin: int, plan: Plan
@@ -353,13 +423,22 @@ class ChunkStore:
         self, txn: lmdb.Transaction, st: CacheState, key: bytes, head: ChunkHead,
         blocks: dict[int, bytes], sums: dict[int, int],
     ) -> None:
-        """Write a chunk's data and header and count its bytes (its order record exists)."""
+        """Write a chunk from its blocks by slot (its order record exists)."""
         slots = sorted(blocks)
         body = b"".join(blocks[s] for s in slots)
+        bitmap = sum(1 << s for s in slots)
+        self._write_chunk(txn, st, key, head, bitmap, [sums[s] for s in slots], body)
+
+    def _write_chunk(
+        self, txn: lmdb.Transaction, st: CacheState, key: bytes, head: ChunkHead, bitmap: int,
+        sums: list[int], body: bytes,
+    ) -> None:
+        """Write a chunk's data and header and count its bytes (its order record exists)."""
         cut = len(body) - tail_len(len(body), self._page)
-        head.bitmap = sum(1 << s for s in slots)
-        head.sums = [sums[s] for s in slots]
+        head.bitmap = bitmap
+        head.sums = sums
         head.tail = body[cut:]
+        head.chunk_sum = xxhash.xxh3_64_intdigest(body)
         txn.put(key, body[:cut], db=self._data)
         txn.put(key, head.encode(), db=self._head)
         self._account(st, head, len(body))
@@ -507,6 +586,123 @@ class ChunkStore:
         cur = txn.cursor(db=self._order)
         while st.nbytes > target and _seek(cur, ORDER_KEY.pack(PROBATION, 0), PROBATION):
             self._remove(txn, st, bytes(cur.key()), bytes(cur.value()))
+
+
+@dataclass(slots=True)
+class Staged:
+    """Blocks fetched and verified, waiting for the writer: ``data`` holds whole blocks of one
+    chunk from ``slot`` on (the file's last block may be short)."""
+
+    slot: int
+    data: memoryview
+    origin: int
+
+
+@dataclass(slots=True)
+class ReadResult:
+    """What ``ChunkStore.read`` found.
+
+    Attributes:
+        data: the bytes asked for, or None when blocks are missing.
+        missing: block indexes not cached (or corrupt), in order.
+        corrupt: block indexes whose stored bytes failed their checksum.
+        seen: each stored chunk looked at, with its header (None: not stored or staged).
+        by_origin: blocks found, by the origin they arrived by.
+    """
+
+    data: bytes | None = None
+    missing: list[int] = field(default_factory=list)
+    corrupt: list[int] = field(default_factory=list)
+    seen: list[tuple[bytes, ChunkHead | None]] = field(default_factory=list)
+    by_origin: list[int] = field(default_factory=lambda: [0] * len(ORIGINS))
+
+
+def chunk_pieces(
+    file_id: int, version: int, runs: list[tuple[int, bytes]]
+) -> Iterator[tuple[bytes, int, memoryview]]:
+    """Split runs of blocks ``(first block, bytes)`` into ``(chunk key, slot, blocks)``."""
+    for first, data in runs:
+        view = memoryview(data)
+        idx, end = first, first + nblocks(data)
+        while idx < end:
+            ci, slot = divmod(idx, CHUNK_BLOCKS)
+            count = min(CHUNK_BLOCKS - slot, end - idx)
+            off = (idx - first) * BLOCK_SIZE
+            yield KEY.pack(file_id, version, ci), slot, view[off : off + count * BLOCK_SIZE]
+            idx += count
+
+
+def _span(value: memoryview, tail: bytes, start: int, stop: int) -> list[memoryview | bytes]:
+    """``(value + tail)[start:stop]`` without joining them."""
+    lv = len(value)
+    if stop <= lv:
+        return [value[start:stop]]
+    if start >= lv:
+        return [tail[start - lv : stop - lv]]
+    return [value[start:], tail[: stop - lv]]
+
+
+def _verify(head: ChunkHead, view: memoryview, lo: int, hi: int) -> list[int]:
+    """Slots among ``lo..hi`` (all present) whose bytes fail their checksum."""
+    if hi - lo >= 2:  # most of a chunk: one hash over all of it
+        h = xxhash.xxh3_64()
+        h.update(view)
+        h.update(head.tail)
+        if h.intdigest() == head.chunk_sum:
+            return []
+    bad: list[int] = []
+    rank = (head.bitmap & ((1 << lo) - 1)).bit_count()
+    for slot in range(lo, hi + 1):
+        start = rank * BLOCK_SIZE
+        parts = _span(view, head.tail, start, start + BLOCK_SIZE)
+        block = parts[0] if len(parts) == 1 else b"".join(parts)
+        if xxhash.xxh3_64_intdigest(block) != head.sums[rank]:
+            bad.append(slot)
+        rank += 1
+    return bad
+
+
+def _from_staged(
+    staged: list[Staged] | None, a: int, b: int, res: ReadResult
+) -> list[memoryview] | None:
+    """Bytes ``[a, b)`` of a chunk from one staged piece that holds them all, if any."""
+    if not staged:
+        return None
+    for piece in staged:
+        start = piece.slot * BLOCK_SIZE
+        if start <= a and b <= start + len(piece.data):
+            res.by_origin[min(piece.origin, len(ORIGINS) - 1)] += (
+                (b - 1) // BLOCK_SIZE - a // BLOCK_SIZE + 1
+            )
+            return [piece.data[a - start : b - start]]
+    return None
+
+
+def _assemble(
+    head: ChunkHead | None, value: memoryview | bytes | None, staged: list[Staged] | None,
+    a: int, b: int, res: ReadResult,
+) -> list[bytes] | None:
+    """Bytes ``[a, b)`` of a chunk whose blocks are partly stored, partly staged (rare)."""
+    lo, hi = a // BLOCK_SIZE, (b - 1) // BLOCK_SIZE
+    blocks: dict[int, bytes] = {}
+    origins: dict[int, int] = {}
+    if head is not None and value is not None:
+        view = memoryview(value)
+        good = {s for s in head.slots() if lo <= s <= hi}
+        for slot, data in split_blocks(head, view).items():
+            if slot in good and xxhash.xxh3_64_intdigest(data) == head.sums[
+                    head.slots().index(slot)]:
+                blocks[slot], origins[slot] = data, head.origin
+    for piece in staged or ():
+        for n in range(nblocks(piece.data)):
+            blocks[piece.slot + n] = bytes(piece.data[n * BLOCK_SIZE : (n + 1) * BLOCK_SIZE])
+            origins[piece.slot + n] = piece.origin
+    if any(s not in blocks for s in range(lo, hi + 1)):
+        return None
+    for s in range(lo, hi + 1):
+        res.by_origin[min(origins[s], len(ORIGINS) - 1)] += 1
+    body = b"".join(blocks[s] for s in range(lo, hi + 1))
+    return [body[a - lo * BLOCK_SIZE : b - lo * BLOCK_SIZE]]
 
 
 def _seek(cur: lmdb.Cursor, key: bytes, segment: int) -> bool:

@@ -36,8 +36,6 @@ class PrefetchConfig:
         max_inflight_bytes: the bound on background bytes in flight (their RAM).
         small_file_bytes: files up to this size are fetched whole on first read (one
             round trip instead of one per kernel read) and are what directory fills fetch.
-        dir_trigger_files: distinct files opened in one directory before the rest of it is
-            fetched in the background.
     """
 
     window_initial_bytes: int = 512 << 10
@@ -45,7 +43,6 @@ class PrefetchConfig:
     request_bytes: int = (4 << 20) - (256 << 10)
     max_inflight_bytes: int = 512 << 20
     small_file_bytes: int = 1 << 20
-    dir_trigger_files: int = 8
     enabled: bool = True
 
 

@@ -4,13 +4,19 @@ One table of in-flight chunks is shared by every caller: while anyone fetches bl
 chunk, everyone else who needs that chunk waits for it instead of asking the hub again, so a
 reader catching up with the prefetcher waits for the bytes already on their way.
 
+Fetched bytes are *staged* in the block cache (``BlockCache.stage``): readers see them at
+once and the cache's writer stores them later, many fills to one transaction. So no read
+ever waits for a store, and a chunk is released to its waiters the moment its bytes are in.
+A reader looks in the cache and claims what it misses in one synchronous stretch (no await
+between), so it can never fetch again what another task has just staged.
+
 - ``demand``: the blocks a read is missing. Fetches the ones nobody is fetching, waits for
-  the rest, and returns the blocks it fetched itself (so a read makes progress even when the
-  cache could not keep them). Demand requests go straight to the hub: no prefetch limit
-  applies, so prefetch can never starve them.
+  the rest. Demand requests go straight to the hub: no prefetch limit applies, so prefetch
+  can never starve them.
 - ``prefetch_range``: whole chunks of a byte range that are neither cached nor in flight;
   never waits for others.
-- ``prefetch_files``: whole small files in one pack request.
+- ``prefetch_files``: whole small files in one pack request, each released to its waiters
+  as soon as its last byte has streamed in.
 
 Prefetched chunks are remembered (bounded) until a demand read uses them, which gives the
 prefetch "used" figure; "wasted" is what was prefetched and evicted or never read.
@@ -32,9 +38,6 @@ from spokefs.types import FileVersion
 
 _RUN_BLOCKS = wire.MAX_RANGE_BYTES // BLOCK_SIZE
 _TRACKED_PREFETCH_CHUNKS = 1 << 20  # ~100 MiB of bookkeeping at most
-# Chunks stored in the last moments: a caller that looked in the cache just before another
-# task stored them (the look is a thread hop) must not fetch them again.
-_RECENT_CHUNKS = 8192
 
 ChunkKey = tuple[int, int, int]
 
@@ -47,40 +50,29 @@ class Fetcher:
         self._hub = hub
         self._inflight: dict[ChunkKey, trio.Event] = {}
         self._prefetched: OrderedDict[ChunkKey, int] = OrderedDict()
-        self._recent: OrderedDict[ChunkKey, None] = OrderedDict()
 
     # -- demand ---------------------------------------------------------------------
 
-    async def demand(
-        self, fv: FileVersion, missing: list[int], *, skip_recent: bool = True
-    ) -> dict[int, bytes]:
-        """Fetch the missing blocks whose chunks nobody else is fetching; wait for the rest.
-
-        With ``skip_recent``, chunks stored moments ago are left for the caller to read from
-        the cache (it looked just before they arrived); a caller that still misses them
-        there (evicted at once from a tiny cache) calls again without it.
-        """
+    async def demand(self, fv: FileVersion, missing: list[int]) -> None:
+        """Fetch the missing blocks whose chunks nobody else is fetching and stage them;
+        wait for the rest. Afterwards the blocks are in the cache unless a fetch failed
+        (raised) or the cache dropped them meanwhile (the caller looks again)."""
         chunks = sorted({i // CHUNK_BLOCKS for i in missing})
-        claimed, waits = self._claim(fv, chunks, skip_recent=skip_recent)
+        claimed, waits = self._claim(fv, chunks)
         mine = [i for i in missing if (fv.file_id, fv.version, i // CHUNK_BLOCKS) in claimed]
-        got: list[tuple[int, bytes]] = []
         try:
-            with single_spoke_error():
-                async with trio.open_nursery() as nursery:
-                    for run in _runs(mine, _RUN_BLOCKS):
-                        nursery.start_soon(self._fetch_run, fv, run, got)
-            if got:
-                await self.cache.put_runs(fv.file_id, fv.version, got, ORIGIN_DEMAND)
-                self._remember_recent(claimed)
+            runs = _runs(mine, _RUN_BLOCKS)
+            if len(runs) == 1:
+                await self._fetch_stage(fv, runs[0], ORIGIN_DEMAND)
+            elif runs:
+                with single_spoke_error():
+                    async with trio.open_nursery() as nursery:
+                        for run in runs:
+                            nursery.start_soon(self._fetch_stage, fv, run, ORIGIN_DEMAND)
         finally:
             self._release(claimed)
         for event in waits:
             await event.wait()
-        return {
-            first + n: data[n * BLOCK_SIZE : (n + 1) * BLOCK_SIZE]
-            for first, data in got
-            for n in range(-(-len(data) // BLOCK_SIZE))
-        }
 
     def note_used(self, fv: FileVersion, first: int, last: int) -> None:
         """Count prefetched chunks that a read has now used."""
@@ -93,6 +85,12 @@ class Fetcher:
 
     # -- prefetch -------------------------------------------------------------------
 
+    def busy_or_cached(self, fv: FileVersion) -> bool:
+        """Whether any of the file's chunks is in flight, or all of it is cached or staged."""
+        if any((fv.file_id, fv.version, ci) in self._inflight for ci in range(fv.chunks())):
+            return True
+        return self.cache.has_file(fv)
+
     async def prefetch_range(
         self, fv: FileVersion, start: int, end: int, *, warm: bool = False
     ) -> int:
@@ -100,69 +98,67 @@ class Fetcher:
 
         ``warm``: for ``spokefs warm``; the chunks are stored as warmed (kept like hot data).
         """
+        await self.cache.wait_room()
         first_chunk, last_chunk = start // CHUNK_SIZE, (end - 1) // CHUNK_SIZE
-        present = await self.cache.present_chunks(fv, first_chunk, last_chunk)
+        present = self.cache.present_chunks_now(fv, first_chunk, last_chunk)
         wanted = [c for c in range(first_chunk, last_chunk + 1) if c not in present]
-        claimed, _ = self._claim(fv, wanted, skip_recent=True)
+        claimed, _ = self._claim(fv, wanted)
         try:
             chunks = sorted(ci for _, _, ci in claimed)
             blocks = [b for ci in chunks for b in _chunk_blocks(ci, fv.blocks())]
+            origin = ORIGIN_WARM if warm else ORIGIN_PREFETCH
             # callers pass about one request's worth, so this is usually one range request
-            got: list[tuple[int, bytes]] = []
+            nbytes = 0
             for run in _runs(blocks, _RUN_BLOCKS):
-                await self._fetch_run(fv, run, got)
-            if got:
-                origin = ORIGIN_WARM if warm else ORIGIN_PREFETCH
-                await self.cache.put_runs(fv.file_id, fv.version, got, origin)
-                if not warm:
-                    self._remember_prefetched(fv, chunks)
-                self._remember_recent(claimed)
-            nbytes = sum(len(data) for _, data in got)
+                nbytes += await self._fetch_stage(fv, run, origin)
             if not warm:  # warmed bytes are asked for, not guessed: no prefetch accounting
+                self._remember_prefetched(fv, chunks)
                 metrics.PREFETCH_ISSUED_BYTES.inc(nbytes)
             return nbytes
         finally:
             self._release(claimed)
 
-    async def prefetch_files(self, files: list[FileVersion]) -> int:
-        """Fetch small, non-empty files whole in one pack request; bytes fetched."""
-        keys = {f: [(f.file_id, f.version, ci) for ci in range(f.chunks())] for f in files}
-        free = [f for f in files if f.size and not any(k in self._inflight for k in keys[f])]
-        claimed, _ = self._claim_keys([k for f in free for k in keys[f]], skip_recent=False)
-        try:
-            if not free:
-                return 0
-            got = await self._hub.fetch_pack([(f.file_id, f.version) for f in free])
-            nbytes = 0
-            for f in free:
-                data = got.get((f.file_id, f.version))
-                if data is None:
-                    continue  # gone on the hub: a later open sees the new version
-                await self.cache.put_runs(f.file_id, f.version, [(0, data)], ORIGIN_PREFETCH)
+    async def prefetch_files(self, files: list[FileVersion]) -> list[FileVersion]:
+        """Fetch small, non-empty files whole in one pack request; the files fetched.
+
+        Files already cached, staged or in flight are left out; each file is staged and
+        released to its waiters as soon as it has arrived, before the pack ends.
+        """
+        await self.cache.wait_room()
+        free = {(f.file_id, f.version): f for f in files if f.size and not self.busy_or_cached(f)}
+        if not free:
+            return []
+        claims = {key: self._claim(f, list(range(f.chunks())))[0] for key, f in free.items()}
+        fetched: list[FileVersion] = []
+
+        def arrived(key: tuple[int, int], data: bytes | None) -> None:
+            f = free[key]
+            if data is not None:  # None: gone on the hub; a later open sees the new version
+                self.cache.stage(f.file_id, f.version, [(0, data)], ORIGIN_PREFETCH)
                 self._remember_prefetched(f, list(range(f.chunks())))
-                nbytes += len(data)
-            metrics.PREFETCH_ISSUED_BYTES.inc(nbytes)
-            return nbytes
+                metrics.PREFETCH_ISSUED_BYTES.inc(len(data))
+                fetched.append(f)
+            self._release(claims.pop(key))
+
+        try:
+            await self._hub.fetch_pack(list(free), arrived)
         finally:
-            self._release(claimed)
+            for claimed in claims.values():
+                self._release(claimed)
+        return fetched
+
+    def rtt_s(self) -> float | None:
+        """The hub's round trip as measured (the shortest recent wait for an answer)."""
+        return self._hub.rtt_s
 
     # -- internals ------------------------------------------------------------------
 
-    def _claim(
-        self, fv: FileVersion, chunks: list[int], *, skip_recent: bool
-    ) -> tuple[set[ChunkKey], list[trio.Event]]:
-        keys = [(fv.file_id, fv.version, ci) for ci in chunks]
-        return self._claim_keys(keys, skip_recent=skip_recent)
-
-    def _claim_keys(
-        self, keys: list[ChunkKey], *, skip_recent: bool
-    ) -> tuple[set[ChunkKey], list[trio.Event]]:
+    def _claim(self, fv: FileVersion, chunks: list[int]) -> tuple[set[ChunkKey], list[trio.Event]]:
         """Mark free chunks in flight (ours); return them and the events of the others."""
         claimed: set[ChunkKey] = set()
         waits: list[trio.Event] = []
-        for key in keys:
-            if skip_recent and key in self._recent:
-                continue
+        for ci in chunks:
+            key = (fv.file_id, fv.version, ci)
             if (event := self._inflight.get(key)) is not None:
                 waits.append(event)
             else:
@@ -174,18 +170,12 @@ class Fetcher:
         for key in claimed:
             self._inflight.pop(key).set()
 
-    async def _fetch_run(self, fv: FileVersion, run: range, out: list[tuple[int, bytes]]) -> None:
+    async def _fetch_stage(self, fv: FileVersion, run: range, origin: int) -> int:
         start = run.start * BLOCK_SIZE
         stop = min(run.stop * BLOCK_SIZE, fv.size)
         data = await self._hub.fetch_range(fv.file_id, fv.version, start, stop - start)
-        out.append((run.start, data))
-
-    def _remember_recent(self, keys: set[ChunkKey]) -> None:
-        for key in keys:
-            self._recent[key] = None
-            self._recent.move_to_end(key)
-        while len(self._recent) > _RECENT_CHUNKS:
-            self._recent.popitem(last=False)
+        self.cache.stage(fv.file_id, fv.version, [(run.start, data)], origin)
+        return len(data)
 
     def _remember_prefetched(self, fv: FileVersion, chunks: list[int]) -> None:
         size = fv.size

@@ -108,6 +108,8 @@ class SpokeOps(pyfuse3.Operations):
     async def readdir(
         self, fh: pyfuse3.FileHandleT, start_id: int, token: pyfuse3.ReaddirToken
     ) -> None:
+        if start_id == 0:
+            self._reader.on_readdir(self._ns.file_id(fh))
         # one synchronous stretch: the namespace generator holds a read transaction
         for next_id, name, attr in self._ns.readdir(fh, start_id):
             if not pyfuse3.readdir_reply(token, name, self._entry(attr), next_id):
@@ -173,8 +175,8 @@ class SpokeOps(pyfuse3.Operations):
             self._reader.close(stream)
             self._pages.on_release(self._ns.inode(stream.fv.file_id), stream.fv.version)
 
-    async def flush(self, fh: pyfuse3.FileHandleT) -> None:
-        return None
+    # No ``flush``: pyfuse3 then answers FLUSH with ENOSYS, and the kernel stops sending it
+    # for this mount; with a method, every close(2) costs one more request.
 
     # -- everything that writes -------------------------------------------------------
 

@@ -24,7 +24,8 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import TypeVar
 
@@ -53,6 +54,7 @@ _MIN_ATTEMPT_S = 0.05  # no attempt starts with less time than this before the d
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})  # 408: our body came too slowly
 # OpenSSL's X509_V_ERR_* for an issuer we do not trust (unknown, missing or self-signed)
 _ISSUER_CODES = frozenset({2, 18, 19, 20, 21})
+_RTT_SAMPLES = 64  # answers the round-trip estimate looks back over
 _ERROR_BODY_MAX = 64 << 10  # hubd's JSON errors are one line; read them so the connection stays
 
 
@@ -101,6 +103,13 @@ class HubClient:
             verify=tls if tls is not None else True,  # https: system roots by default
         )
         self.reachable = True
+        self._waits: deque[float] = deque(maxlen=_RTT_SAMPLES)
+
+    @property
+    def rtt_s(self) -> float | None:
+        """The shortest recent wait from sending a blob or pack request to its answer's
+        headers: the round trip plus the hub's own time (None before any answer)."""
+        return min(self._waits) if self._waits else None
 
     async def __aenter__(self) -> HubClient:
         return self
@@ -167,7 +176,9 @@ class HubClient:
         headers = {"Range": f"bytes={start}-{start + length - 1}"}
 
         async def attempt() -> bytes:
+            sent = time.monotonic()
             async with self._http.stream("GET", path, headers=headers) as resp:
+                self._waits.append(time.monotonic() - sent)
                 await self._check_streamed(resp, "blob")
                 body = await _read_capped(resp, length)
             metrics.LINK_BYTES.inc(len(body))
@@ -189,33 +200,49 @@ class HubClient:
                 raise CorruptBlock(str(exc)) from exc
             raise
 
-    async def fetch_pack(self, items: list[tuple[int, int]]) -> dict[tuple[int, int], bytes | None]:
+    async def fetch_pack(
+        self, items: list[tuple[int, int]],
+        on_file: Callable[[tuple[int, int], bytes | None], None] | None = None,
+    ) -> dict[tuple[int, int], bytes | None]:
         """Whole small files, ``(file_id, version) -> bytes`` (None: gone on the hub).
 
-        Each file's bytes are verified against the checksum in its record.
+        The answer is decoded as it streams: each file is verified against the checksum in
+        its record and handed to ``on_file`` the moment its last byte is in, so a reader
+        waiting for one file does not wait for the rest of the pack. A retry asks only for
+        the files not yet handed over.
         """
-        body = wire.encode_pack_request(items)
-
-        # hubd answers at most MAX_RANGE_BYTES of files plus one record header per item
-        cap = wire.MAX_RANGE_BYTES + len(items) * wire.PACK_RECORD.size
+        out: dict[tuple[int, int], bytes | None] = {}
+        remaining = list(items)
 
         async def attempt() -> dict[tuple[int, int], bytes | None]:
+            if not remaining:  # the link broke after the last file was in
+                return out
+            asked = list(remaining)
+            # hubd answers at most MAX_RANGE_BYTES of files plus one record header per item
+            cap = wire.MAX_RANGE_BYTES + len(asked) * wire.PACK_RECORD.size
+            decoder = wire.PackDecoder(asked)
+            sent = time.monotonic()
             async with self._http.stream(
-                "POST", wire.PACK_PATH, content=body,
+                "POST", wire.PACK_PATH, content=wire.encode_pack_request(asked),
                 headers={"Content-Type": "application/octet-stream"},
             ) as resp:
+                self._waits.append(time.monotonic() - sent)
                 await self._check_streamed(resp, "pack")
-                answer = await _read_capped(resp, cap)
-            metrics.LINK_BYTES.inc(len(answer))
+                async for piece in _iter_capped(resp, cap):
+                    metrics.LINK_BYTES.inc(len(piece))
+                    for key, rec in _decoded(decoder, piece):
+                        if rec is not None and xxhash.xxh3_64_intdigest(rec[0]) != rec[1]:
+                            raise _Retry("checksum",
+                                         f"file {key[0]:x} in a pack failed its checksum")
+                        data = None if rec is None else rec[0]
+                        out[key] = data
+                        remaining.remove(key)
+                        if on_file is not None:
+                            on_file(key, data)
             try:
-                records = wire.decode_pack(answer, items)
+                decoder.finish()
             except wire.WireError as exc:
                 raise HubProtocolError(f"bad pack answer: {exc}") from None
-            out: dict[tuple[int, int], bytes | None] = {}
-            for key, rec in records.items():
-                if rec is not None and xxhash.xxh3_64_intdigest(rec[0]) != rec[1]:
-                    raise _Retry("checksum", f"file {key[0]:x} in a pack failed its checksum")
-                out[key] = None if rec is None else rec[0]
             return out
 
         return await self._with_retries("pack", attempt, None, bound_attempt=True)
@@ -297,19 +324,31 @@ class HubClient:
                 log.warning("hub %s unreachable: %s", self.base_url, why)
 
 
-async def _read_capped(resp: httpx.Response, cap: int) -> bytes:
-    """The raw body of a streamed answer, at most ``cap`` bytes (else HubProtocolError)."""
+def _decoded(
+    decoder: wire.PackDecoder, piece: bytes
+) -> list[tuple[tuple[int, int], tuple[bytes, int] | None]]:
+    try:
+        return decoder.feed(piece)
+    except wire.WireError as exc:
+        raise HubProtocolError(f"bad pack answer: {exc}") from None
+
+
+async def _iter_capped(resp: httpx.Response, cap: int) -> AsyncIterator[bytes]:
+    """The raw body of a streamed answer piece by piece, at most ``cap`` bytes in all."""
     declared = resp.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > cap:
         raise HubProtocolError(f"answer of {declared} bytes, more than the {cap} asked for")
-    parts: list[bytes] = []
     received = 0
-    async for chunk in resp.aiter_raw():
-        received += len(chunk)
+    async for piece in resp.aiter_raw():
+        received += len(piece)
         if received > cap:
             raise HubProtocolError(f"answer longer than the {cap} bytes asked for")
-        parts.append(chunk)
-    return b"".join(parts)
+        yield piece
+
+
+async def _read_capped(resp: httpx.Response, cap: int) -> bytes:
+    """The raw body of a streamed answer, at most ``cap`` bytes (else HubProtocolError)."""
+    return b"".join([piece async for piece in _iter_capped(resp, cap)])
 
 
 def _certificate_failure(exc: BaseException) -> str | None:

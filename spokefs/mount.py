@@ -38,6 +38,8 @@ from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)
 
+_FLUSH_AT_EXIT_S = 10.0  # the writer stores at least ~100 MB/s: 256 MiB staged at most
+
 
 def check_mountpoint(cfg: SpokeConfig) -> None:
     """Raise UserError unless the mountpoint is an existing directory we can mount on."""
@@ -112,10 +114,13 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_terminate_on_signal)
                 refresher.mounted = True
+                await nursery.start(cache.run)
                 await nursery.start(refresher.run)
                 if prefetcher is not None:
                     await nursery.start(prefetcher.run)
                 await pyfuse3.main(min_tasks=2, max_tasks=cfg.fuse_max_tasks)
+                with trio.move_on_after(_FLUSH_AT_EXIT_S):
+                    await cache.flush()  # keep what was fetched but not yet stored
                 nursery.cancel_scope.cancel()
             clean = True
         finally:

@@ -13,15 +13,13 @@ responses in flight, at most ``max_inflight_bytes``):
    moves bytes it did not ask for.
 2. **Small files** (up to ``small_file_bytes``) are fetched whole on first read by the reader
    itself; that is a demand fetch, not a prefetch.
-3. **Directories.** When ``dir_trigger_files`` different files of one directory have been
-   opened, the directory's other small files are fetched in the background in pack requests
-   (many files per round trip), up to half the cache, skipping what is cached.
+3. **Directories.** The first open in a directory, or a readdir of it, starts a fill of its
+   small files in pack requests (``dir_fill``), within a budget of half the cache.
 
 Priority: demand reads never wait for a prefetch slot (they go to the hub directly, see
-``fetcher``). Background requests share one limiter whose size ``LinkModel`` finds by
-measuring the delivery rate (enough requests in flight to fill the link, no more than
-helps); directory fills may hold at most half of the largest limit, so sequential streams
-keep flowing.
+``fetcher``). Stream jobs share one limiter whose size ``LinkModel`` finds by measuring the
+delivery rate (enough requests in flight to fill the link, no more than helps); directory
+fills keep about twice the link's bandwidth-delay product in flight.
 
 Concurrency: ``on_open``/``on_read`` are synchronous (called from FUSE handlers; they only
 update state and ``send_nowait`` jobs: a full queue drops the hint and counts it). Workers
@@ -32,14 +30,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
 
 from spokefs import metrics
 from spokefs.config import CHUNK_SIZE, PrefetchConfig
+from spokefs.dir_fill import DirFiller
 from spokefs.errors import SpokeError, single_spoke_error
 from spokefs.fetcher import Fetcher
 from spokefs.link_model import LinkModel
@@ -49,7 +47,6 @@ log = logging.getLogger(__name__)
 
 _SEQ_SLACK = 2 << 20  # how far out of order the kernel's own read-ahead sends reads
 _QUEUED_JOBS = 4096
-_TRACKED_DIRS = 4096
 _CONTROL_INTERVAL_S = 0.25
 
 
@@ -65,12 +62,6 @@ class Stream:
     issued_to: int = 0
     epoch: int = 0  # bumped on random access or close: queued jobs of older epochs are dropped
     closed: bool = False
-
-
-@dataclass(slots=True)
-class _DirState:
-    opened: set[int] = field(default_factory=set)
-    filled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,40 +83,37 @@ class Prefetcher:
         cache_max_bytes: int,
     ) -> None:
         self._fetcher = fetcher
-        self._list_dir_files = list_dir_files
         self._cfg = cfg
-        self._dir_budget = cache_max_bytes // 2
         self._jobs_tx, self._jobs_rx = trio.open_memory_channel[_Job](_QUEUED_JOBS)
-        self._dirs_tx, self._dirs_rx = trio.open_memory_channel[int](64)
-        self._dirs: OrderedDict[int, _DirState] = OrderedDict()
         max_requests = max(1, cfg.max_inflight_bytes // cfg.request_bytes)
         self.model = LinkModel(min(8, max_requests), max_requests, min(16, max_requests))
         self._limiter = trio.CapacityLimiter(self.model.limit)
-        self._dir_slots = trio.Semaphore(self.model.max_requests // 2)
+        self.dirs = DirFiller(
+            fetcher, list_dir_files, self.model, small_file_bytes=cfg.small_file_bytes,
+            request_bytes=cfg.request_bytes, max_inflight_bytes=cfg.max_inflight_bytes,
+            budget_bytes=cache_max_bytes // 2,
+        )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             for _ in range(self.model.max_requests):
                 nursery.start_soon(self._stream_worker, self._jobs_rx.clone())
-            for _ in range(4):
-                nursery.start_soon(self._dir_worker, self._dirs_rx.clone())
+            await nursery.start(self.dirs.run)
             nursery.start_soon(self._control)
             task_status.started()
 
     # -- hints from the read path (synchronous) -------------------------------------
 
     def on_open(self, fv: FileVersion, parent_id: int) -> Stream:
-        state = self._dirs.get(parent_id)
-        if state is None:
-            state = self._dirs[parent_id] = _DirState()
-            if len(self._dirs) > _TRACKED_DIRS:
-                self._dirs.popitem(last=False)
-        state.opened.add(fv.file_id)
-        if not state.filled and len(state.opened) >= self._cfg.dir_trigger_files:
-            state.filled = True
-            state.opened.clear()
-            self._send(self._dirs_tx, parent_id)
+        self.dirs.on_open(fv, parent_id)
         return Stream(fv, parent_id)
+
+    def on_readdir(self, dir_id: int) -> None:
+        self.dirs.on_dir(dir_id)
+
+    def on_miss(self, stream: Stream) -> None:
+        """A read of the stream missed the cache."""
+        self.dirs.on_miss(stream.fv, stream.parent_id)
 
     def on_close(self, stream: Stream) -> None:
         stream.closed = True
@@ -185,6 +173,7 @@ class Prefetcher:
             async with trio.open_nursery() as nursery:
                 for start in range(0, fv.size, self._cfg.request_bytes):
                     nursery.start_soon(one, start)
+        await self._fetcher.cache.flush()  # warmed means stored
         return fetched
 
     # -- background work ------------------------------------------------------------
@@ -197,54 +186,6 @@ class Prefetcher:
                 if job.epoch == job.stream.epoch:
                     fetch = self._fetcher.prefetch_range(job.stream.fv, job.start, job.end)
                     await self._timed(fetch)
-
-    async def _dir_worker(self, dirs: trio.MemoryReceiveChannel[int]) -> None:
-        async for parent_id in dirs:
-            try:
-                await self._fill_dir(parent_id)
-            except SpokeError as exc:
-                log.info("directory prefetch of %x stopped: %s", parent_id, exc)
-
-    async def _fill_dir(self, parent_id: int) -> None:
-        files = [
-            f for f in await self._list_dir_files(parent_id)
-            if 0 < f.size <= self._cfg.small_file_bytes
-        ]
-        cached = await self._fetcher.cache.complete_files(files)
-        budget = self._dir_budget
-        batch: list[FileVersion] = []
-        batch_bytes = 0
-        started = time.monotonic()
-        total = 0
-        async with trio.open_nursery() as nursery:
-            for f in files:
-                if f in cached:
-                    continue
-                if budget < f.size:
-                    break
-                budget -= f.size
-                batch.append(f)
-                batch_bytes += f.size
-                if batch_bytes >= self._cfg.request_bytes or len(batch) >= 1024:
-                    await self._dir_slots.acquire()
-                    nursery.start_soon(self._fetch_pack, batch)
-                    total += batch_bytes
-                    batch, batch_bytes = [], 0
-            if batch:
-                await self._dir_slots.acquire()
-                nursery.start_soon(self._fetch_pack, batch)
-                total += batch_bytes
-        log.info(
-            "directory prefetch of %x: %d files, %d bytes in %.1fs",
-            parent_id, len(files) - len(cached), total, time.monotonic() - started,
-        )
-
-    async def _fetch_pack(self, batch: list[FileVersion]) -> None:
-        try:
-            async with self._limiter:
-                await self._timed(self._fetcher.prefetch_files(batch))
-        finally:
-            self._dir_slots.release()
 
     async def _timed(self, fetch: Awaitable[int]) -> None:
         started = time.monotonic()

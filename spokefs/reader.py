@@ -1,7 +1,7 @@
-"""The read path of one request: split ``(offset, size)`` into 4 KiB blocks, take what the
-block cache has, fetch the rest (``fetcher``, single-flight), and assemble exactly the bytes
-asked for; tell the prefetcher where the reader is, before waiting on anything, so read-ahead
-overlaps the demand fetch.
+"""The read path of one request: take ``[offset, offset + size)`` from the block cache in one
+read transaction and one copy (``BlockCache.read``, inline: no thread hop); on a miss, fetch
+the missing blocks (``fetcher``, single-flight) and read again; tell the prefetcher where the
+reader is, before waiting on anything, so read-ahead overlaps the demand fetch.
 
 A small file (up to ``small_file_bytes``) is fetched whole on its first miss: one round trip
 instead of one per kernel read.
@@ -19,7 +19,7 @@ import trio
 
 from spokefs import metrics
 from spokefs.block_cache import ORIGINS, CacheStats
-from spokefs.config import BLOCK_SIZE
+from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS
 from spokefs.errors import HubUnavailable
 from spokefs.fetcher import Fetcher
 from spokefs.prefetcher import Prefetcher, Stream
@@ -32,6 +32,7 @@ class Reader:
     def __init__(self, fetcher: Fetcher, prefetcher: Prefetcher | None, small_file_bytes: int,
                  deadline_s: float | None = None):
         self._fetcher = fetcher
+        self._cache = fetcher.cache
         self._prefetcher = prefetcher
         self._small = small_file_bytes
         self._deadline_s = deadline_s  # None: only the hub client's own deadlines apply
@@ -42,6 +43,11 @@ class Reader:
             return Stream(fv, parent_id)
         return self._prefetcher.on_open(fv, parent_id)
 
+    def on_readdir(self, dir_id: int) -> None:
+        """A directory is being listed (the prefetcher may fill it)."""
+        if self._prefetcher is not None:
+            self._prefetcher.on_readdir(dir_id)
+
     def close(self, stream: Stream) -> None:
         if self._prefetcher is not None:
             self._prefetcher.on_close(stream)
@@ -50,7 +56,9 @@ class Reader:
         """Fetch a whole file into the cache at the link's speed; bytes fetched."""
         if self._prefetcher is not None:
             return await self._prefetcher.warm(fv)
-        return await self._fetcher.prefetch_range(fv, 0, fv.size, warm=True) if fv.size else 0
+        fetched = await self._fetcher.prefetch_range(fv, 0, fv.size, warm=True) if fv.size else 0
+        await self._cache.flush()  # warmed means stored
+        return fetched
 
     async def cached_bytes(self, files: list[FileVersion]) -> int:
         """How many bytes of these file versions are in the cache."""
@@ -68,55 +76,63 @@ class Reader:
         if self._prefetcher is not None:
             self._prefetcher.on_read(stream, offset, size)
         started = time.monotonic()
+        found = self._cache.read(fv.file_id, fv.version, offset, end)
+        data = found.data
+        if data is None:
+            if self._prefetcher is not None:
+                self._prefetcher.on_miss(stream)
+            data = await self._fill_within_deadline(fv, offset, end, found.missing)
         first, last = offset // BLOCK_SIZE, (end - 1) // BLOCK_SIZE
-        blocks = await self._fetcher.cache.get_blocks(fv.file_id, fv.version, first, last)
-        hits = len(blocks)
-        if hits < last - first + 1:
-            await self._fill_within_deadline(fv, first, last, blocks)
         self._fetcher.note_used(fv, first, last)
-        data = b"".join(blocks[i] for i in range(first, last + 1))
-        start = offset - first * BLOCK_SIZE
-        out = data[start : start + end - offset]
-        self._account(len(out), blocks.by_origin, last - first + 1, time.monotonic() - started)
-        return out
+        _account(len(data), found.by_origin, last - first + 1, len(found.missing),
+                 time.monotonic() - started)
+        return data
 
     async def _fill_within_deadline(
-        self, fv: FileVersion, first: int, last: int, blocks: dict[int, bytes]
-    ) -> None:
+        self, fv: FileVersion, offset: int, end: int, missing: list[int]
+    ) -> bytes:
         if self._deadline_s is None:
-            await self._fill(fv, first, last, blocks)
-            return
-        with trio.move_on_after(self._deadline_s) as scope:
-            await self._fill(fv, first, last, blocks)
-        if scope.cancelled_caught:
-            raise HubUnavailable(f"blocks not fetched within the hub deadline "
-                                 f"({self._deadline_s:g}s)")
+            return await self._fill(fv, offset, end, missing)
+        with trio.move_on_after(self._deadline_s):
+            return await self._fill(fv, offset, end, missing)
+        raise HubUnavailable(f"blocks not fetched within the hub deadline "
+                             f"({self._deadline_s:g}s)")
 
-    async def _fill(self, fv: FileVersion, first: int, last: int, blocks: dict[int, bytes]) -> None:
-        """Add blocks ``first..last`` to ``blocks``, from the hub or from others' fetches."""
-        lo, hi = (0, fv.blocks() - 1) if fv.size <= self._small else (first, last)
-        first_try = True
-        while len(blocks) < last - first + 1:
-            missing = [i for i in range(lo, hi + 1) if i not in blocks]
-            got = await self._fetcher.demand(fv, missing, skip_recent=first_try)
-            first_try = False
-            blocks.update((i, b) for i, b in got.items() if first <= i <= last)
-            if len(blocks) < last - first + 1:  # others fetched some: look in the cache again
-                blocks.update(await self._fetcher.cache.get_blocks(
-                    fv.file_id, fv.version, first, last, record=False  # the same read again
-                ))
-            lo, hi = first, last
+    async def _fill(self, fv: FileVersion, offset: int, end: int, missing: list[int]) -> bytes:
+        """Fetch (or wait for others' fetches of) the missing blocks, then read again."""
+        if fv.size <= self._small:  # a small file comes whole, in one round trip
+            present = self._cache.present_chunks_now(fv, 0, fv.chunks() - 1)
+            wanted = set(missing)
+            wanted.update(
+                b for ci in range(fv.chunks()) if ci not in present
+                for b in range(ci * CHUNK_BLOCKS, min((ci + 1) * CHUNK_BLOCKS, fv.blocks()))
+            )
+            missing = sorted(wanted)
+        while True:
+            await self._fetcher.demand(fv, missing)
+            found = self._cache.read(fv.file_id, fv.version, offset, end, record=False)
+            if found.data is not None:
+                return found.data
+            missing = found.missing  # others' fetches failed, or the cache let them go
 
-    @staticmethod
-    def _account(nbytes: int, by_origin: list[int], blocks: int, seconds: float) -> None:
-        hits = sum(by_origin)
-        source = "cache" if hits == blocks else "hub"
-        metrics.READS.labels(source=source).inc()
-        metrics.READ_SECONDS.observe(seconds)
-        for origin, count in zip(ORIGINS, by_origin, strict=True):
-            if count:
-                metrics.BLOCK_HITS.labels(origin=origin).inc(count)
-        metrics.BLOCK_MISSES.inc(blocks - hits)
-        hit_bytes = min(nbytes, hits * BLOCK_SIZE)
-        metrics.READ_BYTES.labels(source="cache").inc(hit_bytes)
-        metrics.READ_BYTES.labels(source="hub").inc(nbytes - hit_bytes)
+
+def _account(nbytes: int, by_origin: list[int], blocks: int, misses: int,
+             seconds: float) -> None:
+    source = "hub" if misses else "cache"
+    _READS[source].inc()
+    metrics.READ_SECONDS.observe(seconds)
+    for child, count in zip(_HITS, by_origin, strict=True):
+        if count:
+            child.inc(count)
+    if misses:
+        metrics.BLOCK_MISSES.inc(misses)
+    hit_bytes = min(nbytes, (blocks - misses) * BLOCK_SIZE)
+    _READ_BYTES["cache"].inc(hit_bytes)
+    if nbytes > hit_bytes:
+        _READ_BYTES["hub"].inc(nbytes - hit_bytes)
+
+
+# metric children bound once: a label lookup per read costs more than the increment
+_READS = {src: metrics.READS.labels(source=src) for src in ("cache", "hub")}
+_READ_BYTES = {src: metrics.READ_BYTES.labels(source=src) for src in ("cache", "hub")}
+_HITS = [metrics.BLOCK_HITS.labels(origin=origin) for origin in ORIGINS]

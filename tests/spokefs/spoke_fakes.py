@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import trio
 
 from spokefs.errors import StaleExport
@@ -20,6 +22,7 @@ class FakeHub:
         self.delay_s = delay_s
         self.calls: list[tuple[int, int, int, int]] = []
         self.packs: list[list[tuple[int, int]]] = []
+        self.per_file_s = 0.0
 
     async def fetch_range(self, file_id: int, version: int, start: int, length: int) -> bytes:
         self.calls.append((file_id, version, start, length))
@@ -30,7 +33,21 @@ class FakeHub:
         assert 0 <= start and start + length <= len(data), "reader asked past EOF"
         return data[start : start + length]
 
-    async def fetch_pack(self, items: list[tuple[int, int]]) -> dict[tuple[int, int], bytes | None]:
+    rtt_s: float | None = None  # HubClient's round-trip estimate: none measured
+
+    async def fetch_pack(
+        self, items: list[tuple[int, int]],
+        on_file: Callable[[tuple[int, int], bytes | None], None] | None = None,
+    ) -> dict[tuple[int, int], bytes | None]:
+        """Streams like the real client: each file is handed over ``per_file_s`` after the
+        one before it, the first one ``delay_s`` after the request."""
         self.packs.append(items)
         await trio.sleep(self.delay_s)
-        return {key: self.files.get(key) for key in items}
+        out: dict[tuple[int, int], bytes | None] = {}
+        for key in items:
+            if self.per_file_s:
+                await trio.sleep(self.per_file_s)
+            out[key] = self.files.get(key)
+            if on_file is not None:
+                on_file(key, out[key])
+        return out

@@ -197,7 +197,7 @@ async def test_a_failed_transaction_leaves_the_totals_alone(tmp_path, monkeypatc
     await cache.put_runs(1, 1, [(0, os.urandom(CHUNK_SIZE))])
     before = cache.statistics()
     store = type(cache._store)
-    real = store._store
+    real = store._write_chunk
     calls = []
 
     def fail_on_second(self, *args):
@@ -206,7 +206,7 @@ async def test_a_failed_transaction_leaves_the_totals_alone(tmp_path, monkeypatc
             raise lmdb.TxnFullError("injected")
         return real(self, *args)
 
-    monkeypatch.setattr(store, "_store", fail_on_second)
+    monkeypatch.setattr(store, "_write_chunk", fail_on_second)
     errors = metrics.CACHE_WRITE_ERRORS._value.get()
     await cache.put_runs(2, 1, [(0, os.urandom(3 * CHUNK_SIZE))])  # aborted: no exception
     assert metrics.CACHE_WRITE_ERRORS._value.get() == errors + 1

@@ -19,7 +19,7 @@ from spoke_fakes import FakeHub
 MiB = 1 << 20
 CFG = PrefetchConfig(window_initial_bytes=512 << 10, window_max_bytes=16 * MiB,
                      request_bytes=2 * MiB, max_inflight_bytes=8 * MiB,
-                     small_file_bytes=256 << 10, dir_trigger_files=4)
+                     small_file_bytes=256 << 10)
 
 
 def setup(tmp_path, files, dirs=None, delay_s=0.03):
@@ -70,6 +70,7 @@ async def test_sequential_cold_read_moves_the_file_once(tmp_path, autojump_clock
     hub, pf, reader = setup(tmp_path, {(5, 1): data})
     async with trio.open_nursery() as nursery:
         await nursery.start(pf.run)
+        await nursery.start(reader._cache.run)
         s = reader.open(FileVersion(5, 1, len(data)), 2)
         for off in range(0, len(data), MiB):
             assert await reader.read(s, off, MiB) == data[off : off + MiB]
@@ -77,9 +78,10 @@ async def test_sequential_cold_read_moves_the_file_once(tmp_path, autojump_clock
     moved = sum(length for *_, length in hub.calls)
     assert moved == len(data)  # nothing fetched twice, nothing past EOF
     # 49 reads: two demand reads, a few smaller requests while the window ramps up (one per
-    # doubling), then 2 MiB read-ahead requests carry the rest
+    # doubling, and one demand read per doubling that claims its range before the job
+    # queued for it reaches a worker), then 2 MiB read-ahead requests carry the rest
     ramp = (CFG.request_bytes // CFG.window_initial_bytes).bit_length()
-    assert len(hub.calls) <= 2 + ramp + -(-len(data) // CFG.request_bytes)
+    assert len(hub.calls) <= 2 + 2 * ramp + -(-len(data) // CFG.request_bytes)
 
 
 async def test_demand_reads_do_not_wait_behind_prefetch(tmp_path):
@@ -89,6 +91,7 @@ async def test_demand_reads_do_not_wait_behind_prefetch(tmp_path):
     hub, pf, reader = setup(tmp_path, {(5, 1): big, (6, 1): other}, delay_s=1.0)
     async with trio.open_nursery() as nursery:
         await nursery.start(pf.run)
+        await nursery.start(reader._cache.run)
         s = reader.open(FileVersion(5, 1, len(big)), 2)
         for off in range(0, 8 * MiB, MiB):  # ramps the window: many prefetches queued
             pf.on_read(s, off, MiB)
@@ -104,25 +107,74 @@ async def test_demand_reads_do_not_wait_behind_prefetch(tmp_path):
         nursery.cancel_scope.cancel()
 
 
-async def test_directory_fill_after_several_opens(tmp_path):
+async def test_directory_fill_starts_at_the_first_open(tmp_path):
     files = {(100 + i, 1): os.urandom(20_000 + i) for i in range(40)}
     listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in files.items()]
     hub, pf, reader = setup(tmp_path, files, dirs={7: listing})
     async with trio.open_nursery() as nursery:
         await nursery.start(pf.run)
-        for fv in listing[:4]:
-            s = reader.open(fv, 7)
-            assert await reader.read(s, 0, 4096) == files[(fv.file_id, 1)][:4096]
-        rest = listing[4:]
-        with trio.fail_after(10):  # real clock: the fill's thread hops need real time
-            while await reader._fetcher.cache.complete_files(rest) != set(rest):
+        await nursery.start(reader._cache.run)
+        s = reader.open(listing[0], 7)
+        assert await reader.read(s, 0, 4096) == files[(listing[0].file_id, 1)][:4096]
+        rest = listing[1:]
+        with trio.fail_after(10):  # real clock: the cache's writer runs in a thread
+            while not all(reader._cache.has_file(fv) for fv in rest):
                 await trio.sleep(0.02)
-        calls_before = len(hub.calls)
+        calls_before, packs_before = len(hub.calls), len(hub.packs)
         for fv in rest:  # the rest is served from the cache
             s = reader.open(fv, 7)
             assert await reader.read(s, 0, fv.size) == files[(fv.file_id, 1)]
-        assert len(hub.calls) == calls_before
+        assert (len(hub.calls), len(hub.packs)) == (calls_before, packs_before)
         nursery.cancel_scope.cancel()
-    packed = {key for pack in hub.packs for key in pack}
-    assert packed == {(fv.file_id, 1) for fv in listing[4:]} | packed  # at least the rest
-    assert len(hub.packs) == 1  # 36 small files, one round trip
+    packed = [key for pack in hub.packs for key in pack]
+    demanded = {(fid, ver) for fid, ver, *_ in hub.calls}
+    assert sorted(packed) == sorted({(fv.file_id, 1) for fv in rest})  # each file once
+    assert demanded == {(listing[0].file_id, 1)}
+
+
+async def test_a_waiting_reader_gets_its_file_before_its_pack_ends(tmp_path):
+    files = {(100 + i, 1): os.urandom(20_000 + i) for i in range(40)}
+    listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in files.items()]
+    hub, pf, reader = setup(tmp_path, files, dirs={7: listing}, delay_s=0.05)
+    hub.per_file_s = 0.1  # the pack streams one file per 0.1 s: 4 s in all
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pf.run)
+        await nursery.start(reader._cache.run)
+        pf.on_readdir(7)  # a readdir starts the fill too
+        with trio.fail_after(5):
+            while not hub.packs:
+                await trio.sleep(0.01)
+        target = listing[3]  # 4th in the pack: in after ~0.45 s
+        started = trio.current_time()
+        s = reader.open(target, 7)
+        assert await reader.read(s, 0, target.size) == files[(target.file_id, 1)]
+        waited = trio.current_time() - started
+        assert waited < 1.5, waited  # not the 4 s of the whole pack
+        assert not hub.calls  # it waited for the pack: no second fetch of the same bytes
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_evicted_directory_is_filled_again(tmp_path):
+    files = {(100 + i, 1): os.urandom(20_000 + i) for i in range(20)}
+    listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in files.items()]
+    hub, pf, reader = setup(tmp_path, files, dirs={7: listing})
+    cache = reader._cache
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pf.run)
+        await nursery.start(cache.run)
+        pf.on_readdir(7)
+        with trio.fail_after(10):
+            while not all(cache.has_file(fv) for fv in listing):
+                await trio.sleep(0.02)
+        await cache.flush()
+        for fv in listing:  # as an eviction would
+            await cache._write("drop", fv.file_id, fv.version, list(range(fv.blocks())))
+        assert not any(cache.has_file(fv) for fv in listing)
+        packs_before = len(hub.packs)
+        s = reader.open(listing[5], 7)  # a later epoch misses a file of the filled directory
+        assert await reader.read(s, 0, 100) == files[(listing[5].file_id, 1)][:100]
+        with trio.fail_after(10):
+            while not all(cache.has_file(fv) for fv in listing):
+                await trio.sleep(0.02)
+        assert len(hub.packs) > packs_before
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,107 @@
+"""Directory fills on a real mount, against a real hub (through the long-link emulator where
+the order of arrivals matters).
+
+What is checked is order and bytes, not speed: a fill starts at a directory's first open
+(or readdir) and brings in the files nobody has read; a reader whose file is in a pack on its
+way gets it while the rest of the pack is still on the link; a directory whose files were
+evicted is filled again when a later pass misses one of them.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from longlink import LongLinkProcess  # noqa: E402
+
+pytestmark = pytest.mark.fuse
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def _tree(root: Path, dirs: dict[str, int], size: int) -> None:
+    rnd = random.Random(11)
+    for name, count in dirs.items():
+        (root / name).mkdir(parents=True)
+        for i in range(count):
+            (root / name / f"{i:04}.bin").write_bytes(rnd.randbytes(size))
+
+
+def cached(path: Path) -> tuple[int, int]:
+    """``(cached bytes, total bytes)`` of a file or a directory's subtree, from the spoke."""
+    have, total = os.getxattr(path, "user.spokefs.cached").split()
+    return int(have), int(total)
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        time.sleep(0.05)
+
+
+def test_a_fill_starts_at_the_first_open_and_moves_each_file_once(tmp_path, hub_factory,
+                                                                  mount_factory):
+    src = tmp_path / "src"
+    _tree(src, {"d": 120}, 24 * KiB)
+    hub = hub_factory(root=src)
+    parts = urlsplit(hub.url)
+    with LongLinkProcess((parts.hostname, parts.port), delay_ms=5, rate_mbit=0) as link:
+        mnt = mount_factory(f"http://127.0.0.1:{link.port}").mnt
+        before = int(link.statistics()["bytes_down"])
+        # one open, no readdir: the fill must come from the open alone
+        assert (mnt / "d" / "0007.bin").read_bytes() == (src / "d" / "0007.bin").read_bytes()
+        total = 120 * 24 * KiB
+        wait_until(lambda: cached(mnt / "d") == (total, total), 20, "the whole directory cached")
+        for f in sorted((src / "d").iterdir()):  # now all from the cache
+            assert (mnt / "d" / f.name).read_bytes() == f.read_bytes()
+        time.sleep(0.5)  # the emulator's status file is rewritten every 0.2 s
+        moved = int(link.statistics()["bytes_down"]) - before
+    assert total <= moved <= total * 1.02  # every file once (plus headers)
+
+
+def test_a_waiting_reader_gets_its_file_before_its_pack_ends(tmp_path, hub_factory,
+                                                             mount_factory):
+    src = tmp_path / "src"
+    _tree(src, {"d": 160}, 40 * KiB)  # 6.4 MB: the first pack alone takes seconds below
+    hub = hub_factory(root=src)
+    parts = urlsplit(hub.url)
+    # 10 Mbit/s: 1.25 MB/s, so a 3.75 MiB pack is on the link for about 3 s
+    with LongLinkProcess((parts.hostname, parts.port), delay_ms=20, rate_mbit=10) as link:
+        mnt = mount_factory(f"http://127.0.0.1:{link.port}").mnt
+        names = sorted(os.listdir(mnt / "d"))  # the readdir starts the fill, in this order
+        wait_until(lambda: int(link.statistics()["bytes_down"]) > 0, 10, "the fill started")
+        early, late = names[2], names[80]  # both in the first pack (~96 files of 40 KiB)
+        assert (mnt / "d" / early).read_bytes() == (src / "d" / early).read_bytes()
+        # the reader has its file while a later file of the same pack is still on the way
+        assert cached(mnt / "d" / late)[0] == 0
+        wait_until(lambda: cached(mnt / "d")[0] == 160 * 40 * KiB, 60, "the fill finished")
+        time.sleep(0.5)
+        moved = int(link.statistics()["bytes_down"])
+    assert moved <= 160 * 40 * KiB * 1.02 + 64 * KiB  # the reader's file was not fetched twice
+
+
+def test_an_evicted_directory_is_filled_again(tmp_path, hub_factory, mount_factory):
+    src = tmp_path / "src"
+    _tree(src, {"a": 96, "b": 96, "c": 96}, 64 * KiB)  # 6 MiB each
+    hub = hub_factory(root=src)
+    mnt = mount_factory(hub.url, "--cache-size", "8M").mnt
+    for d in ("a", "b", "c"):  # a pass over all three: far more than the cache holds
+        for f in sorted((src / d).iterdir()):
+            assert (mnt / d / f.name).read_bytes() == f.read_bytes()
+    time.sleep(1.0)  # let the last fills land
+    have_a, total_a = cached(mnt / "a")
+    assert have_a < total_a // 2, "most of a must have been evicted by b and c"
+    # a later epoch misses a file of a: its fill runs again and brings others of a back
+    gone = next(f for f in sorted(os.listdir(mnt / "a")) if cached(mnt / "a" / f)[0] == 0)
+    assert (mnt / "a" / gone).read_bytes() == (src / "a" / gone).read_bytes()
+    wait_until(lambda: cached(mnt / "a")[0] >= have_a + 16 * 64 * KiB, 20,
+               "a's other files fetched again")
