@@ -33,4 +33,8 @@ if [ "$want_test" = 1 ]; then
 else
   .venv/bin/pip install -q -e .
 fi
+# pyfuse3 with reads that name the inode, so the mount can let the kernel open files itself
+# (two FUSE requests fewer per file); see deploy/build-pyfuse3.sh
+.venv/bin/python -c 'import pyfuse3, sys; sys.exit(not getattr(pyfuse3, "SPOKEFS_READ_INODE", 0))' \
+  || bash deploy/build-pyfuse3.sh .venv/bin/python
 echo "setup: ready ($(.venv/bin/python --version), $(fusermount3 --version 2>&1 | head -1))"

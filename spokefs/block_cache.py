@@ -131,6 +131,7 @@ from spokefs.cache_store import (
     ORIGINS,
     ChunkStore,
     Found,
+    NotResident,
     Plan,
     ReadResult,
     Staged,
@@ -405,13 +406,31 @@ class BlockCache:
     def read(self, file_id: int, version: int, offset: int, end: int, *,
              record: bool = True) -> ReadResult:
         """The bytes ``[offset, end)`` of a file version from staged or stored blocks, or the
-        blocks that are missing; runs on the trio thread (see "Why reads run inline").
+        blocks that are missing; on the trio thread (see "Why reads run inline").
+
+        Returns ``ReadResult.on_disk`` set (and nothing else) when the stored bytes are not
+        in RAM: the caller then reads with ``read_on_disk``.
 
         Args:
             record: count the read as a visit of its chunks (for eviction); a second look
                 at the same range by the same read, after a fill, passes False.
         """
-        res = self._inline(None, "read", file_id, version, offset, end, self._staged.get)
+        try:
+            res = self._inline(None, "read", file_id, version, offset, end, self._staged.get,
+                               inline=True)
+        except NotResident:
+            return ReadResult(on_disk=True)
+        return self._after_read(res, file_id, version, offset, end, record)
+
+    async def read_on_disk(self, file_id: int, version: int, offset: int, end: int, *,
+                           record: bool = True) -> ReadResult:
+        """``read`` in a worker thread, for bytes that must come from the disk: the event
+        loop goes on serving others meanwhile, and concurrent reads' disk waits overlap."""
+        res = await self._read(None, "read", file_id, version, offset, end, self._staged.get)
+        return self._after_read(res, file_id, version, offset, end, record)
+
+    def _after_read(self, res: ReadResult | None, file_id: int, version: int, offset: int,
+                    end: int, record: bool) -> ReadResult:
         if res is None:
             return _all_missing(offset, end)
         if record:
@@ -446,12 +465,12 @@ class BlockCache:
             bitmap |= ((1 << nblocks(p.data)) - 1) << p.slot
         return bitmap & ((1 << want) - 1) == (1 << want) - 1
 
-    def _inline(self, empty: T, method: str, *args: Any) -> T:
+    def _inline(self, empty: T, method: str, *args: Any, **kwargs: Any) -> T:
         """A short read transaction on the trio thread; trouble reads as ``empty``."""
         if self._broken is not None:
             return empty
         try:
-            result: T = getattr(self._store, method)(*args)
+            result: T = getattr(self._store, method)(*args, **kwargs)
             return result
         except _CORRUPT as exc:
             self._broken = exc

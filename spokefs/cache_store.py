@@ -29,6 +29,7 @@ from spokefs.cache_layout import (
     tail_len,
 )
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
+from spokefs.residency import resident
 from spokefs.types import FileVersion
 
 ORIGIN_DEMAND = 0
@@ -176,7 +177,7 @@ class ChunkStore:
 
     def read(
         self, file_id: int, version: int, offset: int, end: int,
-        staged: Callable[[bytes], list[Staged] | None],
+        staged: Callable[[bytes], list[Staged] | None], *, inline: bool = False,
     ) -> ReadResult:
         """The bytes ``[offset, end)`` of a file version, in one read transaction and one copy,
         or which blocks are missing.
@@ -185,6 +186,10 @@ class ChunkStore:
         for writing (fetched, verified, not yet committed) or the stored chunk, verified with
         its chunk checksum (most of a chunk read) or its block checksums (one or two blocks).
         A chunk whose blocks are spread over both is assembled block by block.
+
+        Raises:
+            NotResident: ``inline`` and a stored chunk's bytes are not in RAM (nothing has
+                touched them yet): read again from a worker thread.
         """
         res = ReadResult()
         parts: list[memoryview | bytes] = []
@@ -195,7 +200,7 @@ class ChunkStore:
                 key = KEY.pack(file_id, version, ci)
                 got = _from_staged(staged(key), a, b, res)
                 if got is None:
-                    got = self._from_store(txn, key, a, b, staged(key), res)
+                    got = self._from_store(txn, key, a, b, staged(key), res, inline)
                 else:
                     res.seen.append((key, None))
                 if got is None:
@@ -209,7 +214,7 @@ class ChunkStore:
 
     def _from_store(
         self, txn: lmdb.Transaction, key: bytes, a: int, b: int, staged: list[Staged] | None,
-        res: ReadResult,
+        res: ReadResult, inline: bool,
     ) -> list[memoryview | bytes] | None:
         """Bytes ``[a, b)`` of a stored chunk, verified; None if any block is not there."""
         lo, hi = a // BLOCK_SIZE, (b - 1) // BLOCK_SIZE
@@ -230,6 +235,8 @@ class ChunkStore:
         if head.bitmap & need != need:
             return _assemble(head, value, staged, a, b, res)
         view = memoryview(value)
+        if inline and not resident(view):
+            raise NotResident
         bad = _verify(head, view, lo, hi)
         if bad:
             res.corrupt.extend(base_block + s for s in bad)
@@ -588,6 +595,10 @@ class ChunkStore:
             self._remove(txn, st, bytes(cur.key()), bytes(cur.value()))
 
 
+class NotResident(Exception):
+    """An inline read would wait for the disk (see ``residency``)."""
+
+
 @dataclass(slots=True)
 class Staged:
     """Blocks fetched and verified, waiting for the writer: ``data`` holds whole blocks of one
@@ -604,6 +615,7 @@ class ReadResult:
 
     Attributes:
         data: the bytes asked for, or None when blocks are missing.
+        on_disk: an inline read stopped before touching stored bytes that are not in RAM.
         missing: block indexes not cached (or corrupt), in order.
         corrupt: block indexes whose stored bytes failed their checksum.
         seen: each stored chunk looked at, with its header (None: not stored or staged).
@@ -611,6 +623,7 @@ class ReadResult:
     """
 
     data: bytes | None = None
+    on_disk: bool = False
     missing: list[int] = field(default_factory=list)
     corrupt: list[int] = field(default_factory=list)
     seen: list[tuple[bytes, ChunkHead | None]] = field(default_factory=list)

@@ -145,6 +145,12 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--refresh-interval", type=float, default=60.0,
                    help="seconds between polls of the hub for changes; 0: only on refresh")
     m.add_argument("--no-prefetch", action="store_true", help="turn read-ahead off")
+    m.add_argument("--open-mode", choices=["auto", "kernel", "handle"], default="auto",
+                   help="kernel: the kernel opens files itself, two FUSE requests fewer per "
+                        "file, but a file changed on the hub while open is read in its new "
+                        "version from then on; handle: one version per open file (ESTALE "
+                        "when it is gone); auto (default): kernel where this pyfuse3 supports "
+                        "it (deploy/build-pyfuse3.sh), else handle")
     u = sub.add_parser("umount", help="unmount a spokefs mount")
     u.add_argument("mountpoint", type=Path)
     u.add_argument("--lazy", action="store_true", help="detach now even if busy (umount -l)")
@@ -179,7 +185,20 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
         mount_deadline_s=args.mount_deadline, daemon=args.daemon, log_level=args.log_level,
         refresh_interval_s=args.refresh_interval,
         prefetch=PrefetchConfig(enabled=not args.no_prefetch),
+        open_mode=_open_mode(args.open_mode),
     )
+
+
+def _open_mode(asked: str) -> str:
+    import pyfuse3  # only mounting needs it
+
+    supported = bool(getattr(pyfuse3, "SPOKEFS_READ_INODE", False))
+    if asked == "kernel" and not supported:
+        raise UserError("--open-mode kernel needs the pyfuse3 that deploy/build-pyfuse3.sh "
+                        "builds (this one cannot tell which file a read is for)")
+    if asked == "auto":
+        return "kernel" if supported else "handle"
+    return asked
 
 
 def _setup_logging(level: str, log_file: Path | None) -> None:

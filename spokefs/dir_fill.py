@@ -25,7 +25,9 @@ bytes once and leaves the readers mostly reading what has already arrived.
   round trip.
 - **Budget.** Bytes fetched by fills and not yet opened stay under ``budget_bytes`` (half
   the cache): fills never push out more of the cache than readers can use. A fetched file
-  leaves the budget when it is opened (a file never opened stays counted until it is).
+  leaves the budget when it is opened (or was opened while on its way), or, once the budget
+  is spent, when it is found evicted unread (so a listing that nobody reads cannot stop
+  fills for good).
 
 Concurrency: ``on_dir``/``on_open``/``on_miss`` are synchronous (FUSE handlers call them);
 they update state and ``send_nowait`` directory ids (a full channel drops the hint and
@@ -35,6 +37,7 @@ of that nursery.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections import OrderedDict, deque
@@ -58,6 +61,7 @@ _INITIAL_INFLIGHT_BYTES = 64 << 20  # before anything is measured: 1 Gbit/s x 0.
 _MIN_INFLIGHT_BYTES = 8 << 20
 _MIN_PACK_BYTES = 256 << 10
 _PACK_FILES = 1024  # hubd's limit is 4096 per pack
+_RECLAIM_SCAN = 256  # unread files checked for eviction when the budget is spent
 
 
 @dataclass(slots=True)
@@ -90,8 +94,10 @@ class DirFiller:
         self._dirs: OrderedDict[int, _Dir] = OrderedDict()
         self._dirs_tx, self._dirs_rx = trio.open_memory_channel[int](_QUEUED_DIRS)
         self._queue: deque[tuple[FileVersion, int]] = deque()  # (file, its directory)
-        self._unread: dict[tuple[int, int], int] = {}  # fetched, not opened since: size
+        self._unread: dict[tuple[int, int], FileVersion] = {}  # fetched, not opened since
         self._unread_bytes = 0
+        self._inflight_files: set[tuple[int, int]] = set()
+        self._opened_early: set[tuple[int, int]] = set()  # opened while on their way
         self._inflight_bytes = 0
         self._changed = trio.Event()
 
@@ -110,9 +116,11 @@ class DirFiller:
 
     def on_open(self, fv: FileVersion, parent_id: int) -> None:
         self.on_dir(parent_id)
-        size = self._unread.pop((fv.file_id, fv.version), None)
-        if size is not None:
-            self._unread_bytes -= size
+        key = (fv.file_id, fv.version)
+        if key in self._inflight_files:  # its reader waits for the pack: it is not unread
+            self._opened_early.add(key)
+        elif (done := self._unread.pop(key, None)) is not None:
+            self._unread_bytes -= done.size
             self._changed.set()
 
     def on_miss(self, fv: FileVersion, parent_id: int) -> None:
@@ -184,9 +192,19 @@ class DirFiller:
             nbytes += f.size
         return batch, nbytes
 
+    def _reclaim(self) -> None:
+        """Stop counting fetched files that have left the cache unread (evicted): they use
+        no budget any more. Looks at the oldest ``_RECLAIM_SCAN`` (headers, inline)."""
+        for key, f in list(itertools.islice(self._unread.items(), _RECLAIM_SCAN)):
+            if not self._fetcher.busy_or_cached(f):
+                del self._unread[key]
+                self._unread_bytes -= f.size
+
     async def _pump(self, nursery: trio.Nursery) -> None:
         while True:
             target = self._target_inflight()
+            if self._queue and self._unread_bytes + self._queue[0][0].size > self._budget:
+                self._reclaim()
             room = min(target - self._inflight_bytes, self._budget - self._unread_bytes)
             pack_bytes = max(_MIN_PACK_BYTES, min(self._request_bytes, target // 8))
             if not self._queue or room < min(pack_bytes, self._queue[0][0].size):
@@ -202,6 +220,8 @@ class DirFiller:
 
     async def _fetch(self, batch: list[tuple[FileVersion, int]], nbytes: int) -> None:
         started = time.monotonic()
+        keys = [(f.file_id, f.version) for f, _ in batch]
+        self._inflight_files.update(keys)
         try:
             fetched = await self._fetcher.prefetch_files([f for f, _ in batch])
         except SpokeError as exc:  # a failed prefetch costs nothing but its bytes
@@ -212,14 +232,18 @@ class DirFiller:
             self._inflight_bytes -= nbytes
             for _, dir_id in batch:
                 self._done(dir_id)
+            self._inflight_files.difference_update(keys)
             self._changed.set()
         got = 0
         for f in fetched:
             key = (f.file_id, f.version)
-            if key not in self._unread:
-                self._unread[key] = f.size
-                self._unread_bytes += f.size
             got += f.size
+            if key in self._opened_early:
+                continue
+            if key not in self._unread:
+                self._unread[key] = f
+                self._unread_bytes += f.size
+        self._opened_early.difference_update(keys)
         if got:
             self._model.record(got, time.monotonic() - started)
 

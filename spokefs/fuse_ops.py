@@ -19,6 +19,7 @@ import pyfuse3
 from spokefs.config import BLOCK_SIZE, SpokeConfig
 from spokefs.control import PREFIX, Control
 from spokefs.errors import NotADir, ReadOnly, fuse_errors
+from spokefs.inode_streams import InodeStreams
 from spokefs.namespace import Attr, Namespace
 from spokefs.page_cache import PageCachePolicy
 from spokefs.prefetcher import Stream
@@ -33,9 +34,18 @@ _NAME_MAX = 255
 class SpokeOps(pyfuse3.Operations):
     """Read-only FUSE view of the replicated namespace.
 
+    Two open modes (``SpokeConfig.open_mode``):
+
+    - ``handle``: every open gets a handle with its own stream, fixed to the file version of
+      the open (one version per open file, ESTALE when the hub no longer has it); the page
+      cache is kept across opens of one version (``page_cache``).
+    - ``kernel``: open answers ENOSYS, so the kernel opens files without asking and sends
+      no OPEN or RELEASE (two requests fewer per file); reads name the inode, and the
+      stream is per inode (``inode_streams``, which also says what this gives up).
+
     Attributes:
         handles: open file handle -> its stream (the file version it reads, fixed at open,
-            and its access pattern).
+            and its access pattern); ``handle`` mode only.
     """
 
     supports_dot_lookup = False  # no NFS export, so the kernel never looks up ".."
@@ -55,6 +65,7 @@ class SpokeOps(pyfuse3.Operations):
         self._fh = itertools.count(1)
         self._pages = PageCachePolicy()
         self.handles: dict[int, Stream] = {}
+        self._by_inode = InodeStreams(namespace, reader) if cfg.open_mode == "kernel" else None
 
     def _entry(self, a: Attr) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
@@ -157,6 +168,10 @@ class SpokeOps(pyfuse3.Operations):
         a = self._ns.getattr(inode)
         if stat.S_ISDIR(a.mode):
             raise pyfuse3.FUSEError(errno.EISDIR)
+        if self._by_inode is not None:
+            # ENOSYS is success to the kernel: it opens every file itself from now on
+            # (FUSE no_open), and reads carry the inode (inode_streams)
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         fh = next(self._fh)
         self.handles[fh] = self._reader.open(FileVersion(a.file_id, a.version, a.size), a.parent_id)
         mode = self._pages.on_open(a.ino, a.version)
@@ -166,8 +181,9 @@ class SpokeOps(pyfuse3.Operations):
 
     @fuse_errors
     async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
-        log.debug("read fh=%d off=%d size=%d", fh, off, size)
-        return await self._reader.read(self.handles[fh], off, size)
+        # kernel opens: ``fh`` is the inode (our pyfuse3 passes it where the handle is 0)
+        stream = self.handles[fh] if self._by_inode is None else self._by_inode.stream(fh)
+        return await self._reader.read(stream, off, size)
 
     async def release(self, fh: pyfuse3.FileHandleT) -> None:
         stream = self.handles.pop(fh, None)

@@ -106,7 +106,7 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             pyfuse3.init(ops, str(cfg.mountpoint), _fuse_options(cfg))
         except RuntimeError as exc:
             raise UserError(f"cannot mount on {cfg.mountpoint}: {exc}") from None
-        log.info("mounted %s at %s", cfg.hub_url, cfg.mountpoint)
+        log.info("mounted %s at %s (open mode %s)", cfg.hub_url, cfg.mountpoint, cfg.open_mode)
         set_kernel_readahead(cfg.mountpoint, cfg.kernel_readahead_kib)
         clean = False
         try:

@@ -77,6 +77,8 @@ class Reader:
             self._prefetcher.on_read(stream, offset, size)
         started = time.monotonic()
         found = self._cache.read(fv.file_id, fv.version, offset, end)
+        if found.on_disk:
+            found = await self._cache.read_on_disk(fv.file_id, fv.version, offset, end)
         data = found.data
         if data is None:
             if self._prefetcher is not None:
@@ -111,6 +113,9 @@ class Reader:
         while True:
             await self._fetcher.demand(fv, missing)
             found = self._cache.read(fv.file_id, fv.version, offset, end, record=False)
+            if found.on_disk:
+                found = await self._cache.read_on_disk(fv.file_id, fv.version, offset, end,
+                                                       record=False)
             if found.data is not None:
                 return found.data
             missing = found.missing  # others' fetches failed, or the cache let them go

@@ -152,7 +152,8 @@ def test_dataset_changes_show_up_after_refresh(src, hub_factory, mount_factory):
 def test_open_file_reads_one_version_and_new_opens_see_new_bytes(src, hub_factory,
                                                                   mount_factory):
     hub = hub_factory(root=src, args=("--rescan-interval", "0"))
-    spoke = mount_factory(hub.url, "--refresh-interval", "0", "--log-level", "DEBUG")
+    spoke = mount_factory(hub.url, "--refresh-interval", "0", "--log-level", "DEBUG",
+                          "--open-mode", "handle")
     path = spoke.mnt / "shards" / "s4.bin"
     old = (src / "shards" / "s4.bin").read_bytes()
     before = generation(spoke.mnt)
@@ -170,6 +171,28 @@ def test_open_file_reads_one_version_and_new_opens_see_new_bytes(src, hub_factor
     finally:
         os.close(fd)
     assert path.read_bytes() == new  # a new open sees the new version
+
+
+def test_kernel_opens_read_the_new_version_after_a_change(src, hub_factory, mount_factory):
+    # what --open-mode kernel gives up: an open file follows the hub's current version
+    hub = hub_factory(root=src, args=("--rescan-interval", "0"))
+    spoke = mount_factory(hub.url, "--refresh-interval", "0", "--open-mode", "kernel")
+    path = spoke.mnt / "shards" / "s4.bin"
+    old = (src / "shards" / "s4.bin").read_bytes()
+    before = generation(spoke.mnt)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert os.pread(fd, 65536, 0) == old[:65536]
+        new = bytes(b ^ 0xFF for b in old[: 4 * MiB])
+        write(src / "shards" / "s4.bin", new)
+        hub.proc.send_signal(signal.SIGHUP)
+        assert refreshed(spoke.mnt, before) > before
+        # the kernel's pages of the old version were dropped: whole reads are all new
+        assert os.pread(fd, 65536, 0) == new[:65536]
+        assert os.pread(fd, 4096, 3 * MiB) == new[3 * MiB : 3 * MiB + 4096]
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == new  # and so does a new open
 
 
 def test_warm_then_status_then_read_without_the_hub(src, hub_factory, mount_factory):

@@ -29,8 +29,7 @@ class Ctx:
     umask = 0o022
 
 
-@pytest.fixture
-def ops(tmp_path: Path):
+def make_ops(tmp_path: Path, open_mode: str):
     ns = Namespace(tmp_path / "ns")
     ns.load_snapshot(wire.encode_snapshot(3, ROOT, [
         Entry(ROOT, 0, stat.S_IFDIR | 0o755, 0, 10, 2, 0, b""),
@@ -40,10 +39,40 @@ def ops(tmp_path: Path):
     cache = BlockCache(tmp_path / "blocks", 16 << 20)
     fetcher = Fetcher(cache, FakeHub({(0x200, 9): DATA}))  # type: ignore[arg-type]
     reader = Reader(fetcher, None, 1 << 20)
-    cfg = SpokeConfig("http://hub", tmp_path, tmp_path, 16 << 20, uid=7, gid=8)
-    yield SpokeOps(ns, reader, None, cfg)
+    cfg = SpokeConfig("http://hub", tmp_path, tmp_path, 16 << 20, uid=7, gid=8,
+                      open_mode=open_mode)
+    return SpokeOps(ns, reader, None, cfg), cache, ns
+
+
+@pytest.fixture
+def ops(tmp_path: Path):
+    ops, cache, ns = make_ops(tmp_path, "handle")
+    yield ops
     cache.close()
     ns.close()
+
+
+@pytest.fixture
+def kernel_ops(tmp_path: Path):
+    ops, cache, ns = make_ops(tmp_path, "kernel")
+    yield ops, ns
+    cache.close()
+    ns.close()
+
+
+async def test_kernel_opens_answer_enosys_and_reads_name_the_inode(kernel_ops):
+    ops, ns = kernel_ops
+    with pytest.raises(pyfuse3.FUSEError) as info:  # ENOSYS: the kernel opens files itself
+        await ops.open(0x200, os.O_RDONLY, Ctx())
+    assert info.value.errno == errno.ENOSYS
+    with pytest.raises(pyfuse3.FUSEError) as info:  # writes are still refused first
+        await ops.open(0x200, os.O_WRONLY, Ctx())
+    assert info.value.errno == errno.EROFS
+    assert await ops.read(0x200, 4090, 20) == DATA[4090:4110]  # fh 0 arrives as the inode
+    assert await ops.read(0x200, 9_990, 4096) == DATA[9_990:]
+    with pytest.raises(pyfuse3.FUSEError) as info:
+        await ops.read(0x999, 0, 10)
+    assert info.value.errno == errno.ENOENT
 
 
 async def test_attributes(ops):
