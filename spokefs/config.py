@@ -36,6 +36,12 @@ class PrefetchConfig:
         max_inflight_bytes: the bound on background bytes in flight (their RAM).
         small_file_bytes: files up to this size are fetched whole on first read (one
             round trip instead of one per kernel read) and are what directory fills fetch.
+        assumed_link_bytes_per_s: the link rate directory fills assume until they have
+            measured it (1 Gbit/s, the links this is built for; see ``dir_fill``).
+        warm_interval_s: how often the hub client touches its idle connections to keep them
+            open (under hubd's 15 s keep-alive timeout).
+        warm_connections: connections opened while the namespace downloads at mount (32 x
+            a 4 MiB TCP window per 900 ms round trip carry ~150 MB/s).
     """
 
     window_initial_bytes: int = 512 << 10
@@ -43,6 +49,9 @@ class PrefetchConfig:
     request_bytes: int = (4 << 20) - (256 << 10)
     max_inflight_bytes: int = 512 << 20
     small_file_bytes: int = 1 << 20
+    assumed_link_bytes_per_s: float = 125e6
+    warm_interval_s: float = 10.0
+    warm_connections: int = 32
     enabled: bool = True
 
 

@@ -10,6 +10,12 @@ bytes once and leaves the readers mostly reading what has already arrived.
   directory: the first event is the cheapest moment to start (waiting for more opens only
   leaves the link idle while readers miss). A directory is listed once; its small files
   (up to ``small_file_bytes``) that are neither cached nor in flight join one FIFO queue.
+- **Siblings.** When a second subdirectory of one parent is touched, the parent's other
+  subdirectories are filled too, behind every touched directory (a second queue). A
+  shuffled pass over ``class/file`` trees touches every class early, but its readers, each
+  waiting a round trip per missed file, reveal new classes only a few per round trip: at
+  900 ms the last of 20 classes was touched 6 s into a 7 s epoch. A directory that a
+  reader touches later moves to the first queue.
 - **Re-arming.** When a read misses a small file of a directory whose fill has finished (its
   files were evicted since, e.g. in a later epoch over a dataset larger than the cache), the
   directory is queued again; the files still cached are skipped.
@@ -17,12 +23,17 @@ bytes once and leaves the readers mostly reading what has already arrived.
   (``fetcher.demand``), whatever the queue holds; the pump skips it later as busy or cached.
   A file already in a pack on its way is waited for, and is released to its reader the
   moment its own bytes have streamed in (``fetcher.prefetch_files``), not at the pack's end.
-- **Bytes in flight** follow the link: about twice its bandwidth-delay product (the peak
-  delivery rate of background requests times the round trip, both from ``LinkModel``), from
-  ``_INITIAL_INFLIGHT_BYTES`` before anything is measured, within ``[_MIN_INFLIGHT_BYTES,
-  max_inflight_bytes]``. Packs are an eighth of that (at most ``request_bytes``), so
-  several connections share the work; one connection carries at most its TCP window per
-  round trip.
+- **Bytes in flight** follow the link: about twice its bandwidth-delay product, the peak
+  rate at which bytes arrive from the hub (``DeliveryMeter``) times the round trip (the
+  hub client's shortest recent wait for an answer), within ``[_MIN_INFLIGHT_BYTES,
+  max_inflight_bytes]``. Until traffic has flowed for a few round trips the rate is taken
+  to be at least ``assumed_link_bps`` (1 Gbit/s): at 900 ms a fill that started from a
+  small window and doubled it every round trip would take seconds to fill the link, which
+  is the whole cold epoch of a small dataset; on a slower link the extra bytes only queue
+  for a moment. Packs are an eighth of that (at most ``request_bytes``), so several
+  connections share the work; one connection carries at most its TCP window per round
+  trip. ``warm_connections`` says how many connections that takes, for the hub client to
+  keep open.
 - **Budget.** Bytes fetched by fills and not yet opened stay under ``budget_bytes`` (half
   the cache): fills never push out more of the cache than readers can use. A fetched file
   leaves the budget when it is opened (or was opened while on its way), or, once the budget
@@ -41,15 +52,15 @@ import itertools
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 
 from spokefs import metrics
 from spokefs.errors import SpokeError
 from spokefs.fetcher import Fetcher
-from spokefs.link_model import LinkModel
+from spokefs.link_model import DeliveryMeter, LinkModel
 from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)
@@ -61,13 +72,23 @@ _INITIAL_INFLIGHT_BYTES = 64 << 20  # before anything is measured: 1 Gbit/s x 0.
 _MIN_INFLIGHT_BYTES = 8 << 20
 _MIN_PACK_BYTES = 256 << 10
 _PACK_FILES = 1024  # hubd's limit is 4096 per pack
+_MIN_WARM, _MAX_WARM = 4, 32  # 32 x a 4 MiB window per 900 ms carry ~150 MB/s
 _RECLAIM_SCAN = 256  # unread files checked for eviction when the budget is spent
+
+
+class DirLister(Protocol):
+    """What fills ask the namespace (``mount._DirLister``: in a worker thread)."""
+
+    async def files(self, dir_id: int) -> list[FileVersion]: ...
+
+    async def siblings(self, dir_id: int) -> tuple[int, list[int]]: ...
 
 
 @dataclass(slots=True)
 class _Dir:
     pending: int = 0  # its files queued or in flight
     listed: bool = False  # its files have been queued (a miss after that re-arms it)
+    touched: bool = True  # opened or listed by a reader (else: queued as a sibling)
 
 
 class DirFiller:
@@ -76,24 +97,30 @@ class DirFiller:
     def __init__(
         self,
         fetcher: Fetcher,
-        list_dir_files: Callable[[int], Awaitable[list[FileVersion]]],
+        lister: DirLister,
         model: LinkModel,
         *,
         small_file_bytes: int,
         request_bytes: int,
         max_inflight_bytes: int,
         budget_bytes: int,
+        assumed_link_bps: float,
     ) -> None:
         self._fetcher = fetcher
-        self._list_dir_files = list_dir_files
+        self._lister_ns = lister
         self._model = model
         self._small = small_file_bytes
         self._request_bytes = request_bytes
         self._max_inflight = max(max_inflight_bytes, _MIN_INFLIGHT_BYTES)
         self._budget = budget_bytes
+        self._assumed_bps = assumed_link_bps
+        self._meter = DeliveryMeter()
         self._dirs: OrderedDict[int, _Dir] = OrderedDict()
         self._dirs_tx, self._dirs_rx = trio.open_memory_channel[int](_QUEUED_DIRS)
         self._queue: deque[tuple[FileVersion, int]] = deque()  # (file, its directory)
+        self._later: deque[tuple[FileVersion, int]] = deque()  # files of sibling directories
+        self._touched_children: dict[int, set[int]] = {}  # parent -> touched subdirectories
+        self._expanded: set[int] = set()  # parents whose subdirectories were all queued
         self._unread: dict[tuple[int, int], FileVersion] = {}  # fetched, not opened since
         self._unread_bytes = 0
         self._inflight_files: set[tuple[int, int]] = set()
@@ -108,8 +135,14 @@ class DirFiller:
         state = self._dirs.get(dir_id)
         if state is not None:
             self._dirs.move_to_end(dir_id)
+            if not state.touched:  # queued as a sibling: its files go first now
+                state.touched = True
+                self._send(dir_id)
             return
-        self._dirs[dir_id] = _Dir()
+        self._track(dir_id, _Dir())
+
+    def _track(self, dir_id: int, state: _Dir) -> None:
+        self._dirs[dir_id] = state
         if len(self._dirs) > _TRACKED_DIRS:
             self._dirs.popitem(last=False)
         self._send(dir_id)
@@ -138,7 +171,8 @@ class DirFiller:
             self._dirs.pop(dir_id, None)  # so that a later event tries again
 
     def statistics(self) -> dict[str, int]:
-        return {"queued_files": len(self._queue), "inflight_bytes": self._inflight_bytes,
+        return {"queued_files": len(self._queue) + len(self._later),
+                "inflight_bytes": self._inflight_bytes,
                 "unread_bytes": self._unread_bytes}
 
     # -- background work --------------------------------------------------------------
@@ -153,38 +187,69 @@ class DirFiller:
     async def _lister(self, dirs: trio.MemoryReceiveChannel[int]) -> None:
         async for dir_id in dirs:
             try:
-                files = await self._list_dir_files(dir_id)
+                files = await self._lister_ns.files(dir_id)
+                state = self._dirs.get(dir_id)
+                if state is not None and state.touched:
+                    await self._expand_parent(dir_id)
             except SpokeError as exc:  # e.g. the directory went away in a refresh
                 log.info("directory fill of %x not started: %s", dir_id, exc)
                 continue
             state = self._dirs.get(dir_id)
             if state is None:
                 continue
+            queue = self._queue if state.touched else self._later
             for f in files:
                 if 0 < f.size <= self._small and not self._fetcher.busy_or_cached(f):
-                    self._queue.append((f, dir_id))
+                    queue.append((f, dir_id))
                     state.pending += 1
             state.listed = True
             log.debug("directory fill of %x: %d files queued", dir_id, state.pending)
             self._changed.set()
 
+    async def _expand_parent(self, dir_id: int) -> None:
+        """On the second touched subdirectory of a parent, queue all its subdirectories."""
+        parent, siblings = await self._lister_ns.siblings(dir_id)
+        if not parent or parent in self._expanded:
+            return
+        touched = self._touched_children.setdefault(parent, set())
+        touched.add(dir_id)
+        if len(touched) < 2:
+            return
+        self._expanded.add(parent)
+        del self._touched_children[parent]
+        for sibling in siblings:
+            if sibling not in self._dirs:
+                self._track(sibling, _Dir(touched=False))
+
     def _target_inflight(self) -> int:
-        """About twice the bandwidth-delay product, once the link has been measured."""
-        rate, rtt = self._model.peak_rate_bps, self._fetcher.rtt_s()
-        if not rate or rtt is None:
+        """About twice the bandwidth-delay product (see the module docstring)."""
+        self._meter.sample(self._fetcher.received_bytes())
+        rtt = self._fetcher.rtt_s()
+        if rtt is None:
             return _INITIAL_INFLIGHT_BYTES
+        rate = self._meter.peak_bps
+        if not self._meter.settled(rtt):
+            rate = max(rate, self._assumed_bps)
         return int(min(self._max_inflight, max(_MIN_INFLIGHT_BYTES, 2 * rate * rtt)))
+
+    def _pack_bytes(self, target: int) -> int:
+        return max(_MIN_PACK_BYTES, min(self._request_bytes, target // 8))
+
+    def warm_connections(self) -> int:
+        """Connections that the bytes in flight need, for the hub client to keep open."""
+        target = self._target_inflight()
+        return max(_MIN_WARM, min(_MAX_WARM, -(-target // self._pack_bytes(target))))
 
     def _next_batch(self, limit_bytes: int) -> tuple[list[tuple[FileVersion, int]], int]:
         """Files from the head of the queue, up to ``limit_bytes``, skipping those that are
         cached or in flight by now (a reader fetched them)."""
         batch: list[tuple[FileVersion, int]] = []
         nbytes = 0
-        while self._queue and len(batch) < _PACK_FILES:
-            f, dir_id = self._queue[0]
+        while (queue := self._queue or self._later) and len(batch) < _PACK_FILES:
+            f, dir_id = queue[0]
             if batch and nbytes + f.size > limit_bytes:
                 break
-            self._queue.popleft()
+            queue.popleft()
             if self._fetcher.busy_or_cached(f):
                 self._done(dir_id)
                 continue
@@ -203,11 +268,12 @@ class DirFiller:
     async def _pump(self, nursery: trio.Nursery) -> None:
         while True:
             target = self._target_inflight()
-            if self._queue and self._unread_bytes + self._queue[0][0].size > self._budget:
+            queue = self._queue or self._later
+            if queue and self._unread_bytes + queue[0][0].size > self._budget:
                 self._reclaim()
             room = min(target - self._inflight_bytes, self._budget - self._unread_bytes)
-            pack_bytes = max(_MIN_PACK_BYTES, min(self._request_bytes, target // 8))
-            if not self._queue or room < min(pack_bytes, self._queue[0][0].size):
+            pack_bytes = self._pack_bytes(target)
+            if not queue or room < min(pack_bytes, queue[0][0].size):
                 self._changed = trio.Event()
                 with trio.move_on_after(0.25):  # the target follows the link as it is measured
                     await self._changed.wait()

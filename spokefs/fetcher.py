@@ -147,6 +147,10 @@ class Fetcher:
                 self._release(claimed)
         return fetched
 
+    def received_bytes(self) -> int:
+        """Bytes that have arrived from the hub so far (every kind of request)."""
+        return self._hub.received_bytes
+
     def rtt_s(self) -> float | None:
         """The hub's round trip as measured (the shortest recent wait for an answer)."""
         return self._hub.rtt_s

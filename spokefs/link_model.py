@@ -103,3 +103,40 @@ class LinkModel:
 
     def _clamp(self, n: int) -> int:
         return max(self.min_requests, min(self.max_requests, n))
+
+
+_METER_INTERVAL_S = 0.25
+
+
+class DeliveryMeter:
+    """The peak rate at which bytes arrive from the hub (all requests), from a running total.
+
+    The rate is taken over intervals of at least ``_METER_INTERVAL_S`` as bytes arrive (a
+    pack counts file by file, not when it ends), and the peak decays by ``_DECAY`` per
+    interval, so a link that got slower is seen as such within seconds.
+    """
+
+    def __init__(self, now: float | None = None) -> None:
+        self.peak_bps = 0.0
+        self._last_total = 0
+        self._last_t = time.monotonic() if now is None else now
+        self._first_t: float | None = None  # when bytes first arrived
+
+    def sample(self, total: int, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        elapsed = now - self._last_t
+        if elapsed < _METER_INTERVAL_S:
+            return
+        rate = (total - self._last_total) / elapsed
+        if rate and self._first_t is None:
+            self._first_t = self._last_t
+        self.peak_bps = max(rate, self.peak_bps * _DECAY)
+        self._last_total, self._last_t = total, now
+
+    def settled(self, rtt_s: float, now: float | None = None) -> bool:
+        """Whether traffic has flowed long enough for the peak to be the link's (a few
+        round trips: connections set up, windows full)."""
+        if self._first_t is None:
+            return False
+        now = time.monotonic() if now is None else now
+        return now - self._first_t >= 3 * rtt_s + 1.0

@@ -17,6 +17,7 @@ import stat
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import TypeVar
 
 import pyfuse3
 import trio
@@ -37,6 +38,8 @@ from spokefs.refresher import Refresher
 from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _FLUSH_AT_EXIT_S = 10.0  # the writer stores at least ~100 MB/s: 256 MiB staged at most
 
@@ -62,12 +65,18 @@ def check_mountpoint(cfg: SpokeConfig) -> None:
         raise UserError("/dev/fuse is missing: load the fuse kernel module (modprobe fuse)")
 
 
-def _dir_lister(ns: Namespace) -> Callable[[int], Awaitable[list[FileVersion]]]:
-    async def list_dir_files(dir_id: int) -> list[FileVersion]:
-        rows = await trio.to_thread.run_sync(ns.dir_files, dir_id)
+class _DirLister:
+    """What directory fills ask the namespace, in a worker thread (a directory may be large)."""
+
+    def __init__(self, ns: Namespace) -> None:
+        self._ns = ns
+
+    async def files(self, dir_id: int) -> list[FileVersion]:
+        rows = await trio.to_thread.run_sync(self._ns.dir_files, dir_id)
         return list(dict.fromkeys(FileVersion(*row) for row in rows))  # hard links once
 
-    return list_dir_files
+    async def siblings(self, dir_id: int) -> tuple[int, list[int]]:
+        return await trio.to_thread.run_sync(self._ns.sibling_dirs, dir_id)
 
 
 def _fuse_options(cfg: SpokeConfig) -> set[str]:
@@ -90,14 +99,15 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
         ns = Namespace(cfg.cache_dir / "namespace")
         stack.callback(ns.close)
         refresher = Refresher(hub, ns, cfg.refresh_interval_s, cfg.mount_deadline_s)
-        info = await refresher.replicate()
+        warm = cfg.prefetch.warm_connections if cfg.prefetch.enabled else 0
+        info = await _while_warming(hub, warm, cfg.mount_deadline_s, refresher.replicate)
         cache = BlockCache(cfg.cache_dir / "blocks", cfg.cache_max_bytes)
         stack.callback(cache.close)
         fetcher = Fetcher(cache, hub)
         prefetcher = None
         if cfg.prefetch.enabled:
             prefetcher = Prefetcher(
-                fetcher, _dir_lister(ns), cfg.prefetch, cfg.cache_max_bytes
+                fetcher, _DirLister(ns), cfg.prefetch, cfg.cache_max_bytes
             )
         reader = Reader(fetcher, prefetcher, cfg.prefetch.small_file_bytes, cfg.hub_deadline_s)
         ops = SpokeOps(ns, reader, Control(ns, reader, refresher), cfg)
@@ -118,6 +128,8 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
                 await nursery.start(refresher.run)
                 if prefetcher is not None:
                     await nursery.start(prefetcher.run)
+                    nursery.start_soon(hub.keep_warm, prefetcher.dirs.warm_connections,
+                                       cfg.prefetch.warm_interval_s)
                 await pyfuse3.main(min_tasks=2, max_tasks=cfg.fuse_max_tasks)
                 with trio.move_on_after(_FLUSH_AT_EXIT_S):
                     await cache.flush()  # keep what was fetched but not yet stored
@@ -127,6 +139,24 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             # unmount whether the loop ended cleanly or not: never leave a dead mount
             pyfuse3.close(unmount=True)
             log.info("unmounted %s (%s)", cfg.mountpoint, "clean" if clean else "after an error")
+
+
+async def _while_warming(
+    hub: HubClient, connections: int, deadline_s: float, fn: Callable[[], Awaitable[T]]
+) -> T:
+    """``fn()`` while ``connections`` connections to the hub open beside it: on a long link
+    each costs 1.5 round trips before it carries a request, so they are set up while the
+    namespace downloads, not when the first reads need them."""
+    result: list[T] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hub.warm_up, connections, deadline_s)
+            result.append(await fn())
+    except BaseExceptionGroup as group:  # the body's own error, alone: raise it as it was
+        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
+            raise group.exceptions[0] from None
+        raise
+    return result[0]
 
 
 def set_kernel_readahead(mountpoint: Path, kib: int) -> None:

@@ -383,6 +383,17 @@ class Namespace:
             if stat.S_ISREG(a.mode)
         ]
 
+    def sibling_dirs(self, dir_id: int) -> tuple[int, list[int]]:
+        """``(parent id, ids of the parent's other subdirectories)`` of a directory; the
+        export root has none. Blocking for a large directory: callers run it in a thread."""
+        if dir_id == self._root_id():
+            return 0, []
+        parent = self.getattr(self.inode(dir_id)).parent_id
+        return parent, [
+            a.file_id for _, _, a in self.readdir(self.inode(parent), 0)
+            if stat.S_ISDIR(a.mode) and a.file_id != dir_id
+        ]
+
     def _decode(self, fid: int, raw: bytes) -> Attr:
         mode, size, mtime_ns, nlink, version, parent = _ATTR.unpack_from(raw)
         return Attr(

@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import trio
 
 from spokefs import metrics
 from spokefs.config import CHUNK_SIZE, PrefetchConfig
-from spokefs.dir_fill import DirFiller
+from spokefs.dir_fill import DirFiller, DirLister
 from spokefs.errors import SpokeError, single_spoke_error
 from spokefs.fetcher import Fetcher
 from spokefs.link_model import LinkModel
@@ -78,7 +78,7 @@ class Prefetcher:
     def __init__(
         self,
         fetcher: Fetcher,
-        list_dir_files: Callable[[int], Awaitable[list[FileVersion]]],
+        lister: DirLister,
         cfg: PrefetchConfig,
         cache_max_bytes: int,
     ) -> None:
@@ -89,9 +89,9 @@ class Prefetcher:
         self.model = LinkModel(min(8, max_requests), max_requests, min(16, max_requests))
         self._limiter = trio.CapacityLimiter(self.model.limit)
         self.dirs = DirFiller(
-            fetcher, list_dir_files, self.model, small_file_bytes=cfg.small_file_bytes,
+            fetcher, lister, self.model, small_file_bytes=cfg.small_file_bytes,
             request_bytes=cfg.request_bytes, max_inflight_bytes=cfg.max_inflight_bytes,
-            budget_bytes=cache_max_bytes // 2,
+            budget_bytes=cache_max_bytes // 2, assumed_link_bps=cfg.assumed_link_bytes_per_s,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -34,6 +34,7 @@ class FakeHub:
         return data[start : start + length]
 
     rtt_s: float | None = None  # HubClient's round-trip estimate: none measured
+    received_bytes = 0
 
     async def fetch_pack(
         self, items: list[tuple[int, int]],

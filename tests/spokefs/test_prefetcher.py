@@ -26,10 +26,14 @@ def setup(tmp_path, files, dirs=None, delay_s=0.03):
     hub = FakeHub(files, delay_s)
     fetcher = Fetcher(BlockCache(tmp_path, 1 << 30), hub)  # type: ignore[arg-type]
 
-    async def lister(dir_id: int) -> list[FileVersion]:
-        return (dirs or {}).get(dir_id, [])
+    class Lister:  # one directory level: no siblings
+        async def files(self, dir_id: int) -> list[FileVersion]:
+            return (dirs or {}).get(dir_id, [])
 
-    prefetcher = Prefetcher(fetcher, lister, CFG, 1 << 30)
+        async def siblings(self, dir_id: int) -> tuple[int, list[int]]:
+            return 0, []
+
+    prefetcher = Prefetcher(fetcher, Lister(), CFG, 1 << 30)
     return hub, prefetcher, Reader(fetcher, prefetcher, CFG.small_file_bytes)
 
 
