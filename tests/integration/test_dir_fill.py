@@ -71,22 +71,24 @@ def test_a_fill_starts_at_the_first_open_and_moves_each_file_once(tmp_path, hub_
 def test_a_waiting_reader_gets_its_file_before_its_pack_ends(tmp_path, hub_factory,
                                                              mount_factory):
     src = tmp_path / "src"
-    _tree(src, {"d": 160}, 40 * KiB)  # 6.4 MB: the first pack alone takes seconds below
+    _tree(src, {"d": 160}, 16 * KiB)  # 2.6 MB: over ten seconds on the link below
     hub = hub_factory(root=src)
     parts = urlsplit(hub.url)
-    # 10 Mbit/s: 1.25 MB/s, so a 3.75 MiB pack is on the link for about 3 s
-    with LongLinkProcess((parts.hostname, parts.port), delay_ms=20, rate_mbit=10) as link:
+    # 2 Mbit/s: 250 kB/s, so a pack's 60th file lands seconds after its 3rd
+    with LongLinkProcess((parts.hostname, parts.port), delay_ms=20, rate_mbit=2) as link:
         mnt = mount_factory(f"http://127.0.0.1:{link.port}").mnt
         names = sorted(os.listdir(mnt / "d"))  # the readdir starts the fill, in this order
         wait_until(lambda: int(link.statistics()["bytes_down"]) > 0, 10, "the fill started")
-        early, late = names[2], names[80]  # both in the first pack (~96 files of 40 KiB)
+        # both in the first pack: fills start from 2 x 1 Gbit/s x the round trip in flight,
+        # an eighth of that (at least 1 MiB, 64 files of 16 KiB) per pack
+        early, late = names[2], names[60]
         assert (mnt / "d" / early).read_bytes() == (src / "d" / early).read_bytes()
         # the reader has its file while a later file of the same pack is still on the way
         assert cached(mnt / "d" / late)[0] == 0
-        wait_until(lambda: cached(mnt / "d")[0] == 160 * 40 * KiB, 60, "the fill finished")
+        wait_until(lambda: cached(mnt / "d")[0] == 160 * 16 * KiB, 60, "the fill finished")
         time.sleep(0.5)
         moved = int(link.statistics()["bytes_down"])
-    assert moved <= 160 * 40 * KiB * 1.02 + 64 * KiB  # the reader's file was not fetched twice
+    assert moved <= 160 * 16 * KiB * 1.02 + 64 * KiB  # the reader's file was not fetched twice
 
 
 def test_an_evicted_directory_is_filled_again(tmp_path, hub_factory, mount_factory):
