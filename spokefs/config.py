@@ -59,7 +59,10 @@ class SpokeConfig:
         cache_dir: holds the ``namespace`` and ``blocks`` LMDB environments.
         cache_max_bytes: bound on cached block bytes (LMDB value sizes).
         uid, gid: owner shown for every entry (the export's modes are kept).
-        metrics_port: Prometheus endpoint port; 0 disables it.
+        metrics_port: Prometheus endpoint port; 0 disables it. A port in use fails the
+            mount (a second mount on a node must pick its own port, not lose its metrics).
+        metrics_addr: address of the endpoint: loopback by default (it has no
+            authentication); a node agent or a pod network needs it set explicitly.
         token: bearer token for the hub, or None (never logged: ``repr=False``).
         tls: the client TLS context for an ``https://`` hub (system roots, or only the CA
             of ``--ca-file``; TLS >= 1.2, certificate and host name verified), else None.
@@ -82,7 +85,7 @@ class SpokeConfig:
     uid: int = 0
     gid: int = 0
     metrics_port: int = 9108
-    metrics_addr: str = "0.0.0.0"
+    metrics_addr: str = "127.0.0.1"
     token: str | None = field(default=None, repr=False)
     tls: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
     hub_deadline_s: float = 60.0
