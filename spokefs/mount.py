@@ -71,7 +71,10 @@ def _dir_lister(ns: Namespace) -> Callable[[int], Awaitable[list[FileVersion]]]:
 
 def _fuse_options(cfg: SpokeConfig) -> set[str]:
     options = set(pyfuse3.default_options)  # default_permissions: the kernel checks modes
-    options |= {"ro", "allow_other", "fsname=spokefs", "subtype=spokefs"}
+    # The source in the mount table is the hub URL, as in an fstab line, so `mount -a`
+    # sees the line is mounted already (a comma would split the option: then "spokefs").
+    fsname = cfg.hub_url if "," not in cfg.hub_url else "spokefs"
+    options |= {"ro", "allow_other", f"fsname={fsname}", "subtype=spokefs"}
     return options
 
 
