@@ -12,7 +12,7 @@ BLOCK_SIZE = 4096
 CHUNK_BLOCKS = 16
 """Blocks per LMDB value. LMDB stores any value over ~2 KiB in overflow pages, so one 4 KiB
 block per value costs two pages (2.01x space, ~270 MiB/s reads); a 64 KiB run costs 1.06x
-and reads at ~2.7 GiB/s (measured in DESIGN.md). A per-block presence map keeps a random
+and reads at ~2.7 GiB/s (docs/design.md, "Block cache"). A per-block presence map keeps a random
 4 KiB read from fetching the other 60 KiB."""
 
 CHUNK_SIZE = BLOCK_SIZE * CHUNK_BLOCKS
