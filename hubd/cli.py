@@ -1,8 +1,8 @@
 """The hubd command line: argv -> HubConfig, logging set-up, exit codes.
 
     python3 -m hubd serve ROOT --listen HOST:PORT [--token-file F] [--log-level LEVEL]
-        [--tls-cert C --tls-key K] [--max-concurrent-reads N] [--rescan-interval SECONDS]
-        [--idle-timeout SECONDS]
+        [--tls-cert C --tls-key K] [--max-concurrent-reads N] [--read-wait SECONDS]
+        [--rescan-interval SECONDS] [--idle-timeout SECONDS]
 
 ``--rescan-interval`` (default 60, 0: never) rescans ROOT that long after the previous
 scan ended; SIGHUP triggers a rescan at once (requests made during a scan coalesce into
@@ -30,7 +30,8 @@ import stat
 import sys
 from typing import NoReturn
 
-from hubd.config import HubConfig
+from hubd import wire
+from hubd.config import DEFAULT_CONCURRENT_READS, DEFAULT_READ_WAIT_S, HubConfig
 from hubd.errors import StartupError
 
 log = logging.getLogger(__name__)
@@ -92,8 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
                      help="file holding a bearer token that clients must send")
     srv.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
                      help="default: INFO")
-    srv.add_argument("--max-concurrent-reads", type=_positive, default=16, metavar="N",
-                     help="range reads in flight, 1-4096 (read memory: N x 16 MiB); default: 16")
+    mib = wire.MAX_RANGE_BYTES >> 20
+    srv.add_argument("--max-concurrent-reads", type=_positive, default=DEFAULT_CONCURRENT_READS,
+                     metavar="N",
+                     help=f"range and pack reads in flight, 1-4096; read buffers stay under "
+                          f"N x {mib} MiB (about N x 4 MiB with spokes' requests); default: "
+                          f"{DEFAULT_CONCURRENT_READS}")
+    srv.add_argument("--read-wait", type=_timeout, default=DEFAULT_READ_WAIT_S,
+                     metavar="SECONDS",
+                     help="a request waits this long for a read slot, then gets 503 and the "
+                          "spoke retries; keep it under the spoke's 30 s request timeout; "
+                          f"default: {DEFAULT_READ_WAIT_S:g}")
     srv.add_argument("--rescan-interval", type=_seconds, default=60.0, metavar="SECONDS",
                      help="rescan ROOT this long after the previous scan ends; 0: only on "
                           "SIGHUP (which always triggers one); default: 60")
@@ -173,6 +183,7 @@ def config_from_args(args: argparse.Namespace) -> HubConfig:
     tls = load_tls(args.tls_cert, args.tls_key) if args.tls_cert else None
     return HubConfig(root=args.root, host=host, port=port, token=token,
                      log_level=args.log_level, max_concurrent_reads=args.max_concurrent_reads,
+                     read_wait_s=args.read_wait,
                      rescan_interval_s=args.rescan_interval, tls=tls,
                      tls_cert_file=args.tls_cert, idle_timeout_s=args.idle_timeout)
 
@@ -191,7 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     if (args.tls_cert is None) != (args.tls_key is None):
         parser.error("--tls-cert and --tls-key go together: give both or neither")
     # Imported here, not at the top: a usage error should not wait for aiohttp to load.
-    from hubd.server import serve
+    try:
+        from hubd.server import serve
+    except ImportError as exc:
+        if exc.name != "aiohttp":
+            raise
+        print("hubd: error: aiohttp is not installed; install the hub with: "
+              "pip install 'spokefs[hub]'", file=sys.stderr)
+        return 1
 
     try:
         _setup_logging(args.log_level)  # first: reading the token may warn

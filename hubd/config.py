@@ -12,6 +12,22 @@ from hubd import wire
 
 KIB = 1024
 
+DEFAULT_CONCURRENT_READS = 256
+"""Read slots. One spoke keeps up to ~136 requests in flight (128 background + demand
+reads), and over a long link each slot is held for about one round trip plus the body's
+send time (a 3.75 MiB body at 4.7 MB/s per connection through a 4 MiB window at 900 ms:
+~1.7 s). 256 slots then carry ~590 MB/s (4.7 Gbit/s) for a fleet of tens of spokes at
+900 ms, far more on shorter links; more requests queue (FIFO) for ``read_wait_s``. Memory: a slot
+holds one body, at most ``wire.MAX_RANGE_BYTES`` (16 MiB), so 4 GiB at worst; spokes ask
+for at most 3.75 MiB per request, so ~960 MiB with spokes only. Lower it on a small hub."""
+
+DEFAULT_READ_WAIT_S = 20.0
+"""How long a request waits for a read slot before a 503 ``overloaded`` (with
+``Retry-After: 1``). Below the spoke's 30 s per-request timeout, so a queued spoke request
+gets an answer it retries (backoff, until ``--hub-deadline``) instead of timing out while
+the hub still holds its place; long enough that a burst of a whole fleet's requests
+drains through 256 slots (at ~1.7 s each: ~3,000 requests in 20 s) without failing."""
+
 
 @dataclass(frozen=True, slots=True)
 class HubConfig:
@@ -28,9 +44,10 @@ class HubConfig:
             ("slowloris") and idle clients hold; spokes close idle connections after 5 s
             (httpx's keep-alive expiry) and send a header in one round trip (< 1 s).
         log_level: a ``logging`` level name.
-        max_concurrent_reads: range reads in flight at once; hubd's read memory stays under
-            ``max_concurrent_reads * wire.MAX_RANGE_BYTES`` (16 x 16 MiB = 256 MiB by default).
-        read_wait_s: how long a request may wait for a read slot before a 503 ``overloaded``.
+        max_concurrent_reads: range reads in flight at once (``DEFAULT_CONCURRENT_READS``);
+            hubd's read memory stays under ``max_concurrent_reads * wire.MAX_RANGE_BYTES``.
+        read_wait_s: how long a request may wait for a read slot before a 503 ``overloaded``
+            (``DEFAULT_READ_WAIT_S``).
         snapshot_chunk_bytes: size of each write when streaming the snapshot (256 KiB keeps
             the per-write overhead negligible without large transport buffers).
         rescan_interval_s: seconds between the end of one rescan and the start of the next
@@ -53,8 +70,8 @@ class HubConfig:
     tls_cert_file: str | None = None
     idle_timeout_s: float = 15.0
     log_level: str = "INFO"
-    max_concurrent_reads: int = 16
-    read_wait_s: float = 30.0
+    max_concurrent_reads: int = DEFAULT_CONCURRENT_READS
+    read_wait_s: float = DEFAULT_READ_WAIT_S
     snapshot_chunk_bytes: int = 256 * KIB
     snapshot_zlib_level: int = 6
     rescan_interval_s: float = 60.0

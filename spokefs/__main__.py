@@ -1,3 +1,3 @@
-from spokefs.cli import main
+from spokefs.entry import main
 
 raise SystemExit(main())

@@ -27,7 +27,8 @@ from urllib.parse import urlsplit
 
 import trio
 
-from spokefs import commands
+from spokefs import cachedir, commands, sdnotify
+from spokefs.cachedir import CacheLock
 from spokefs.config import PrefetchConfig, SpokeConfig
 from spokefs.errors import UserError
 from spokefs.mounttab import find_mount
@@ -128,8 +129,11 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--daemon", action="store_true", help="detach once the mount is ready")
     m.add_argument("--uid", type=int, default=0, help="owner shown for all entries (default 0)")
     m.add_argument("--gid", type=int, default=0, help="group shown for all entries (default 0)")
-    m.add_argument("--metrics-port", type=int, default=9108, help="0 turns metrics off")
-    m.add_argument("--metrics-addr", default="0.0.0.0", help="address /metrics listens on")
+    m.add_argument("--metrics-port", type=int, default=9108,
+                   help="port of /metrics (default 9108); 0 turns metrics off; a port in use "
+                        "fails the mount")
+    m.add_argument("--metrics-addr", default="127.0.0.1",
+                   help="address /metrics listens on (default 127.0.0.1: this node only)")
     m.add_argument("--token-file", type=Path,
                    help="file holding the hub's bearer token (keep it mode 0600)")
     m.add_argument("--ca-file", type=Path,
@@ -141,7 +145,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds mount tries to reach the hub (default 5)")
     m.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper)
-    m.add_argument("--log-file", type=Path, help="log here (with --daemon, else stderr)")
+    m.add_argument("--log-file", type=Path,
+                   help="log here (default: stderr; with --daemon: CACHE_DIR/spokefs.log)")
     m.add_argument("--refresh-interval", type=float, default=60.0,
                    help="seconds between polls of the hub for changes; 0: only on refresh")
     m.add_argument("--no-prefetch", action="store_true", help="turn read-ahead off")
@@ -202,9 +207,11 @@ def _open_mode(asked: str) -> str:
 
 
 def _setup_logging(level: str, log_file: Path | None) -> None:
-    handler: logging.Handler = (
-        logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
-    )
+    handler: logging.Handler
+    try:
+        handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
+    except OSError as exc:
+        raise UserError(f"cannot open the log file {log_file}: {exc.strerror}") from None
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
@@ -231,14 +238,38 @@ def _mount(cfg: SpokeConfig, ready_fd: int | None) -> int:
             f"({info.entries} entries, generation {info.generation})",
             flush=True,
         )
+        sdnotify.notify("READY=1")
         if ready_fd is not None:
             os.write(ready_fd, b"1")
             os.close(ready_fd)
             _detach_stdio()
 
-    cfg.cache_dir.mkdir(parents=True, exist_ok=True)
     trio.run(run_mount, cfg, on_ready)
     return 0
+
+
+def _log_file(args: argparse.Namespace, cfg: SpokeConfig) -> Path | None:
+    """``--log-file``; with ``--daemon`` and none given, ``CACHE_DIR/spokefs.log``: a daemon
+    has no stderr, and its log must survive it."""
+    if args.log_file is not None:
+        return args.log_file
+    return cfg.cache_dir / cachedir.LOG_NAME if cfg.daemon else None
+
+
+def _run_mount(args: argparse.Namespace) -> int:
+    """Check the arguments, detach if asked, claim the cache dir, log, and mount."""
+    cfg = _config(args)
+    ready_fd = _daemonize() if cfg.daemon else None
+    cachedir.prepare(cfg.cache_dir)  # umask 0077, the dir 0700 and its files 0600
+    lock = CacheLock(cfg.cache_dir)
+    lock.acquire(cfg.mountpoint)  # held until this process exits
+    try:
+        _setup_logging(cfg.log_level, _log_file(args, cfg))
+        _warn_exposed_token(args.token_file)
+        _warn_plain_token(cfg)
+        return _mount(cfg, ready_fd)
+    finally:
+        lock.release()
 
 
 def _detach_stdio() -> None:
@@ -292,12 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.jobs < 1:
                 raise UserError("--jobs must be at least 1")
             return commands.warm(args.paths, args.jobs)
-        cfg = _config(args)
-        ready_fd = _daemonize() if cfg.daemon else None
-        _setup_logging(cfg.log_level, args.log_file)
-        _warn_exposed_token(args.token_file)
-        _warn_plain_token(cfg)
-        return _mount(cfg, ready_fd)
+        return _run_mount(args)
     except UserError as exc:
         print(f"spokefs: error: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -12,7 +12,7 @@ BLOCK_SIZE = 4096
 CHUNK_BLOCKS = 16
 """Blocks per LMDB value. LMDB stores any value over ~2 KiB in overflow pages, so one 4 KiB
 block per value costs two pages (2.01x space, ~270 MiB/s reads); a 64 KiB run costs 1.06x
-and reads at ~2.7 GiB/s (measured in DESIGN.md). A per-block presence map keeps a random
+and reads at ~2.7 GiB/s (docs/design.md, "Block cache"). A per-block presence map keeps a random
 4 KiB read from fetching the other 60 KiB."""
 
 CHUNK_SIZE = BLOCK_SIZE * CHUNK_BLOCKS
@@ -65,7 +65,10 @@ class SpokeConfig:
         cache_dir: holds the ``namespace`` and ``blocks`` LMDB environments.
         cache_max_bytes: bound on cached block bytes (LMDB value sizes).
         uid, gid: owner shown for every entry (the export's modes are kept).
-        metrics_port: Prometheus endpoint port; 0 disables it.
+        metrics_port: Prometheus endpoint port; 0 disables it. A port in use fails the
+            mount (a second mount on a node must pick its own port, not lose its metrics).
+        metrics_addr: address of the endpoint: loopback by default (it has no
+            authentication); a node agent or a pod network needs it set explicitly.
         token: bearer token for the hub, or None (never logged: ``repr=False``).
         tls: the client TLS context for an ``https://`` hub (system roots, or only the CA
             of ``--ca-file``; TLS >= 1.2, certificate and host name verified), else None.
@@ -91,7 +94,7 @@ class SpokeConfig:
     uid: int = 0
     gid: int = 0
     metrics_port: int = 9108
-    metrics_addr: str = "0.0.0.0"
+    metrics_addr: str = "127.0.0.1"
     token: str | None = field(default=None, repr=False)
     tls: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
     hub_deadline_s: float = 60.0

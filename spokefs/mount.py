@@ -23,6 +23,7 @@ import pyfuse3
 import trio
 from prometheus_client import start_http_server
 
+from spokefs import cachedir
 from spokefs.block_cache import BlockCache
 from spokefs.config import SpokeConfig
 from spokefs.control import Control
@@ -81,13 +82,17 @@ class _DirLister:
 
 def _fuse_options(cfg: SpokeConfig) -> set[str]:
     options = set(pyfuse3.default_options)  # default_permissions: the kernel checks modes
-    options |= {"ro", "allow_other", "fsname=spokefs", "subtype=spokefs"}
+    # The source in the mount table is the hub URL, as in an fstab line, so `mount -a`
+    # sees the line is mounted already (a comma would split the option: then "spokefs").
+    fsname = cfg.hub_url if "," not in cfg.hub_url else "spokefs"
+    options |= {"ro", "allow_other", f"fsname={fsname}", "subtype=spokefs"}
     return options
 
 
 async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None]) -> None:
     """Mount and serve until unmounted or signalled; ``on_ready`` runs once mounted."""
     check_mountpoint(cfg)
+    _start_metrics(cfg)  # before the hub: a port in use fails the mount at once
     async with AsyncExitStack() as stack:
         hub = await stack.enter_async_context(
             HubClient(
@@ -103,6 +108,7 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
         info = await _while_warming(hub, warm, cfg.mount_deadline_s, refresher.replicate)
         cache = BlockCache(cfg.cache_dir / "blocks", cfg.cache_max_bytes)
         stack.callback(cache.close)
+        cachedir.harden(cfg.cache_dir)  # LMDB made its files 0700 under umask 0077: 0600
         fetcher = Fetcher(cache, hub)
         prefetcher = None
         if cfg.prefetch.enabled:
@@ -111,7 +117,6 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             )
         reader = Reader(fetcher, prefetcher, cfg.prefetch.small_file_bytes, cfg.hub_deadline_s)
         ops = SpokeOps(ns, reader, Control(ns, reader, refresher), cfg)
-        _start_metrics(cfg)
         try:
             pyfuse3.init(ops, str(cfg.mountpoint), _fuse_options(cfg))
         except RuntimeError as exc:
@@ -186,12 +191,22 @@ async def _terminate_on_signal() -> None:
 
 
 def _start_metrics(cfg: SpokeConfig) -> None:
-    """Serve /metrics (prometheus_client's thread only reads metric values)."""
+    """Serve /metrics (prometheus_client's thread only reads metric values).
+
+    Raises:
+        UserError: the port is taken (a second mount on the node with the default port
+            would otherwise run without metrics, unnoticed) or the address is unusable.
+    """
     if not cfg.metrics_port:
         return
+    where = f"{cfg.metrics_addr}:{cfg.metrics_port}"
     try:
         start_http_server(cfg.metrics_port, addr=cfg.metrics_addr)
-    except OSError as exc:  # the mount matters more than its metrics
-        log.warning("metrics port %d unavailable (%s): metrics off", cfg.metrics_port, exc)
-        return
-    log.info("metrics at http://%s:%d/metrics", cfg.metrics_addr, cfg.metrics_port)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise UserError(f"--metrics-port {cfg.metrics_port} is in use on "
+                            f"{cfg.metrics_addr} (another spokefs mount?): give this mount "
+                            "its own --metrics-port, or 0 to turn metrics off") from None
+        raise UserError(f"cannot serve metrics on {where}: "
+                        f"{exc.strerror or exc}") from None
+    log.info("metrics at http://%s/metrics", where)

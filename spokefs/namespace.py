@@ -23,7 +23,7 @@ Changes (``apply_changes``) follow ``wire``'s rules: REMOVE unlinks one name and
 recursive; UPSERT sets one name to an entry. An inode that loses its last name keeps its
 attributes, so a file open across its removal can still be stat'ed and read (its bytes
 come from its own version); such orphans are small and stay until the next full snapshot. Reads are small gets on a memory map and run inline on the trio
-thread (STYLE.md section 5); the load runs in a worker thread.
+thread (docs/contributing.md, section 5); the load runs in a worker thread.
 """
 
 from __future__ import annotations

@@ -1,5 +1,9 @@
 """Shared test setup: import path, faulthandler, the ``fuse`` marker, process fixtures.
 
+Skips: a test that needs what the machine lacks skips with the reason, except under
+``CI=true``, where every skip is a failure (``tests/helpers/ci_strict.py``): CI must not go
+green with the real-FUSE, Prometheus or DataLoader tests unrun.
+
 Fixtures for the end-to-end tests (all in ``tests/integration``):
 
 - ``free_port``: a port nothing listens on.
@@ -36,6 +40,10 @@ if _REPO_ROOT not in sys.path:  # for ``tests.helpers``; appended so it shadows 
     sys.path.append(_REPO_ROOT)
 
 from tests.helpers import procs, treegen  # noqa: E402
+from tests.helpers.ci_strict import (  # noqa: E402, F401 - hooks, found by name
+    pytest_make_collect_report,
+    pytest_runtest_makereport,
+)
 from tests.helpers.procs import HubProcess, SpokeMount  # noqa: E402
 
 faulthandler.enable()
