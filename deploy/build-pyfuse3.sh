@@ -8,9 +8,12 @@
 # The change is two lines of the Cython source (handlers.pxi's fuse_read, and a marker that
 # spokefs checks at mount), applied to the pinned sdist and checked to apply exactly once.
 # Needs gcc, pkg-config and libfuse3-dev (deploy/setup.sh installs them).
-# Usage: bash deploy/build-pyfuse3.sh PYTHON
+# Usage: bash deploy/build-pyfuse3.sh PYTHON [--wheel-dir DIR]
+#   (with --wheel-dir: build the wheel into DIR instead of installing it, for images)
 set -euo pipefail
-py=${1:?usage: build-pyfuse3.sh PYTHON}
+py=${1:?usage: build-pyfuse3.sh PYTHON [--wheel-dir DIR]}
+wheel_dir=
+[ "${2:-}" = "--wheel-dir" ] && wheel_dir=${3:?--wheel-dir needs a directory}
 version=3.5.0
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -32,6 +35,11 @@ handlers.write_text(text[:at] + new + text[at + len(old):])
 init = src / "__init__.pyx"
 init.write_text(init.read_text() + "\n# spokefs: read() gets the inode when the kernel opened without us\nSPOKEFS_READ_INODE = True\n")
 PATCH
-SETUPTOOLS_SCM_PRETEND_VERSION_FOR_PYFUSE3="$version+spokefs.inoread" \
-  "$py" -m pip install -q --no-deps --force-reinstall "$work/pyfuse3-$version"
+export SETUPTOOLS_SCM_PRETEND_VERSION_FOR_PYFUSE3="$version+spokefs.inoread"
+if [ -n "$wheel_dir" ]; then
+  "$py" -m pip wheel -q --no-deps --wheel-dir "$wheel_dir" "$work/pyfuse3-$version"
+  echo "build-pyfuse3: wheel of pyfuse3 $version+spokefs.inoread in $wheel_dir"
+  exit 0
+fi
+"$py" -m pip install -q --no-deps --force-reinstall "$work/pyfuse3-$version"
 "$py" -c 'import pyfuse3; assert pyfuse3.SPOKEFS_READ_INODE; print("build-pyfuse3: installed pyfuse3", pyfuse3.__version__)'
