@@ -51,25 +51,33 @@ except (OSError, AttributeError):  # not Linux/glibc: no way to ask
 _MAX_PAGES = 1024  # a 4 MiB view at most is asked about (reads are at most 1 MiB + a chunk)
 
 
+# Scratch space for the trio thread, the only caller (worker threads read without asking).
+_buf = _PyBuffer()
+_vec = (ctypes.c_ubyte * _MAX_PAGES)()
+_buf_ref = ctypes.byref(_buf)
+_vec_addr = ctypes.addressof(_vec)
+
+
 def address_of(view: memoryview) -> int:
     """The address of a C-contiguous memoryview's first byte."""
-    buf = _PyBuffer()
-    if _get_buffer(view, ctypes.byref(buf), 0) != 0:
+    if _get_buffer(view, _buf_ref, 0) != 0:
         raise ValueError("no buffer")
     try:
-        return int(buf.buf or 0)
+        return int(_buf.buf or 0)
     finally:
-        _release_buffer(ctypes.byref(buf))
+        _release_buffer(_buf_ref)
 
 
 def resident(view: memoryview) -> bool:
-    """Whether every page under ``view`` is in RAM (True when it cannot be told)."""
+    """Whether every page under ``view`` is in RAM (True when it cannot be told).
+
+    Call it from one thread only (it reuses module-level scratch buffers).
+    """
     if _mincore is None or not len(view):
         return True
     start = address_of(view)
     first = start - start % _PAGE
     pages = min(_MAX_PAGES, -(-(start + len(view) - first) // _PAGE))
-    vec = (ctypes.c_ubyte * pages)()
-    if _mincore(first, pages * _PAGE, vec) != 0:  # e.g. ENOMEM: not a mapping; read inline
+    if _mincore(first, pages * _PAGE, _vec_addr) != 0:  # e.g. ENOMEM: not a mapping
         return True
-    return all(b & 1 for b in bytes(vec))
+    return all(ctypes.string_at(_vec_addr, pages))
