@@ -15,7 +15,10 @@ bytes once and leaves the readers mostly reading what has already arrived.
   shuffled pass over ``class/file`` trees touches every class early, but its readers, each
   waiting a round trip per missed file, reveal new classes only a few per round trip: at
   900 ms the last of 20 classes was touched 6 s into a 7 s epoch. A directory that a
-  reader touches later moves to the first queue.
+  reader touches later moves to the first queue. Siblings are listed one at a time, when
+  the queues run short, and no more after ``_CACHED_STREAK`` of them in a row were cached
+  whole: after a restart on a warm cache of a million files, two opens must not set off
+  a listing of every directory and a read of every header.
 - **Re-arming.** When a read misses a small file of a directory whose fill has finished (its
   files were evicted since, e.g. in a later epoch over a dataset larger than the cache), the
   directory is queued again; the files still cached are skipped.
@@ -73,7 +76,8 @@ _MIN_INFLIGHT_BYTES = 8 << 20
 _MIN_PACK_BYTES = 256 << 10
 _PACK_FILES = 1024  # hubd's limit is 4096 per pack
 _MIN_WARM, _MAX_WARM = 4, 32  # 32 x a 4 MiB window per 900 ms carry ~150 MB/s
-_RECLAIM_SCAN = 256  # unread files checked for eviction when the budget is spent
+_RECLAIM_SCAN = 256
+_CACHED_STREAK = 4  # sibling directories found cached whole before siblings are left alone  # unread files checked for eviction when the budget is spent
 
 
 class DirLister(Protocol):
@@ -121,6 +125,8 @@ class DirFiller:
         self._later: deque[tuple[FileVersion, int]] = deque()  # files of sibling directories
         self._touched_children: dict[int, set[int]] = {}  # parent -> touched subdirectories
         self._expanded: set[int] = set()  # parents whose subdirectories were all queued
+        self._siblings: deque[int] = deque()  # subdirectories to list when work runs short
+        self._cached_streak = 0  # siblings in a row that were cached whole
         self._unread: dict[tuple[int, int], FileVersion] = {}  # fetched, not opened since
         self._unread_bytes = 0
         self._inflight_files: set[tuple[int, int]] = set()
@@ -198,11 +204,17 @@ class DirFiller:
             if state is None:
                 continue
             queue = self._queue if state.touched else self._later
-            for f in files:
-                if 0 < f.size <= self._small and not self._fetcher.busy_or_cached(f):
+            small = [f for f in files if 0 < f.size <= self._small]
+            # in a worker thread: after a restart every directory is listed again, and its
+            # files' headers, read inline, would hold up the readers
+            cached = await self._fetcher.cache.complete_files(small)
+            for f in small:
+                if f not in cached and not self._fetcher.in_flight(f):
                     queue.append((f, dir_id))
                     state.pending += 1
             state.listed = True
+            if not state.touched:
+                self._cached_streak = 0 if state.pending else self._cached_streak + 1
             log.debug("directory fill of %x: %d files queued", dir_id, state.pending)
             self._changed.set()
 
@@ -217,9 +229,16 @@ class DirFiller:
             return
         self._expanded.add(parent)
         del self._touched_children[parent]
-        for sibling in siblings:
+        self._siblings.extend(siblings)
+        self._changed.set()
+
+    def _list_next_sibling(self) -> None:
+        """Send the next untracked sibling directory to the listers."""
+        while self._siblings and self._cached_streak < _CACHED_STREAK:
+            sibling = self._siblings.popleft()
             if sibling not in self._dirs:
                 self._track(sibling, _Dir(touched=False))
+                return
 
     def _target_inflight(self) -> int:
         """About twice the bandwidth-delay product (see the module docstring)."""
@@ -268,6 +287,8 @@ class DirFiller:
     async def _pump(self, nursery: trio.Nursery) -> None:
         while True:
             target = self._target_inflight()
+            if len(self._later) < _PACK_FILES:
+                self._list_next_sibling()
             queue = self._queue or self._later
             if queue and self._unread_bytes + queue[0][0].size > self._budget:
                 self._reclaim()

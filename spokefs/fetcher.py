@@ -85,11 +85,13 @@ class Fetcher:
 
     # -- prefetch -------------------------------------------------------------------
 
+    def in_flight(self, fv: FileVersion) -> bool:
+        """Whether any of the file's chunks is being fetched."""
+        return any((fv.file_id, fv.version, ci) in self._inflight for ci in range(fv.chunks()))
+
     def busy_or_cached(self, fv: FileVersion) -> bool:
         """Whether any of the file's chunks is in flight, or all of it is cached or staged."""
-        if any((fv.file_id, fv.version, ci) in self._inflight for ci in range(fv.chunks())):
-            return True
-        return self.cache.has_file(fv)
+        return self.in_flight(fv) or self.cache.has_file(fv)
 
     async def prefetch_range(
         self, fv: FileVersion, start: int, end: int, *, warm: bool = False
