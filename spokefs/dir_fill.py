@@ -6,10 +6,13 @@ random order. Fetching each file when it is read costs a round trip per file; fe
 directories it has touched, in pack requests at the link's full rate, costs the dataset's
 bytes once and leaves the readers mostly reading what has already arrived.
 
-- **Trigger.** The first open of a file in a directory, or a readdir of it, queues the
-  directory: the first event is the cheapest moment to start (waiting for more opens only
-  leaves the link idle while readers miss). A directory is listed once; its small files
-  (up to ``small_file_bytes``) that are neither cached nor in flight join one FIFO queue.
+- **Trigger.** The first read that misses in a directory (the read right after the
+  first open of a file that is not cached), or a readdir of it, queues the directory: the
+  first event is the cheapest moment to start (waiting for more opens only leaves the link
+  idle while readers miss). A first open whose read hits starts nothing: after a restart
+  on a warm cache, listing every directory a reader passes through and reading its files'
+  headers only competes with the reader. A directory is listed once; its small files (up
+  to ``small_file_bytes``) that are neither cached nor in flight join one FIFO queue.
 - **Siblings.** When a second subdirectory of one parent is touched, the parent's other
   subdirectories are filled too, behind every touched directory (a second queue). A
   shuffled pass over ``class/file`` trees touches every class early, but its readers, each
@@ -154,7 +157,6 @@ class DirFiller:
         self._send(dir_id)
 
     def on_open(self, fv: FileVersion, parent_id: int) -> None:
-        self.on_dir(parent_id)
         key = (fv.file_id, fv.version)
         if key in self._inflight_files:  # its reader waits for the pack: it is not unread
             self._opened_early.add(key)
@@ -163,9 +165,12 @@ class DirFiller:
             self._changed.set()
 
     def on_miss(self, fv: FileVersion, parent_id: int) -> None:
-        """A read missed a small file: fill its directory again if its fill is over."""
+        """A read missed: fill the file's directory, or fill it again if its fill is over
+        (its files were evicted since)."""
         state = self._dirs.get(parent_id)
-        if state is not None and state.listed and state.pending == 0 and fv.size <= self._small:
+        if state is None or not state.touched:
+            self.on_dir(parent_id)
+        elif state.listed and state.pending == 0 and fv.size <= self._small:
             state.listed = False
             self._send(parent_id)
 

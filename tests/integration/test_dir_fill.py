@@ -1,8 +1,8 @@
 """Directory fills on a real mount, against a real hub (through the long-link emulator where
 the order of arrivals matters).
 
-What is checked is order and bytes, not speed: a fill starts at a directory's first open
-(or readdir) and brings in the files nobody has read; a reader whose file is in a pack on its
+What is checked is order and bytes, not speed: a fill starts at a directory's first read
+that misses (or readdir) and brings in the files nobody has read; a reader whose file is in a pack on its
 way gets it while the rest of the pack is still on the link; a directory whose files were
 evicted is filled again when a later pass misses one of them.
 """
@@ -48,7 +48,7 @@ def wait_until(predicate, timeout_s: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def test_a_fill_starts_at_the_first_open_and_moves_each_file_once(tmp_path, hub_factory,
+def test_a_fill_starts_at_the_first_read_and_moves_each_file_once(tmp_path, hub_factory,
                                                                   mount_factory):
     src = tmp_path / "src"
     _tree(src, {"d": 120}, 24 * KiB)
@@ -57,7 +57,7 @@ def test_a_fill_starts_at_the_first_open_and_moves_each_file_once(tmp_path, hub_
     with LongLinkProcess((parts.hostname, parts.port), delay_ms=5, rate_mbit=0) as link:
         mnt = mount_factory(f"http://127.0.0.1:{link.port}").mnt
         before = int(link.statistics()["bytes_down"])
-        # one open, no readdir: the fill must come from the open alone
+        # one open and read, no readdir: the fill must come from the read's miss alone
         assert (mnt / "d" / "0007.bin").read_bytes() == (src / "d" / "0007.bin").read_bytes()
         total = 120 * 24 * KiB
         wait_until(lambda: cached(mnt / "d") == (total, total), 20, "the whole directory cached")

@@ -111,7 +111,7 @@ async def test_demand_reads_do_not_wait_behind_prefetch(tmp_path):
         nursery.cancel_scope.cancel()
 
 
-async def test_directory_fill_starts_at_the_first_open(tmp_path):
+async def test_directory_fill_starts_at_the_first_miss(tmp_path):
     files = {(100 + i, 1): os.urandom(20_000 + i) for i in range(40)}
     listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in files.items()]
     hub, pf, reader = setup(tmp_path, files, dirs={7: listing})
@@ -181,4 +181,21 @@ async def test_an_evicted_directory_is_filled_again(tmp_path):
             while not all(cache.has_file(fv) for fv in listing):
                 await trio.sleep(0.02)
         assert len(hub.packs) > packs_before
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_directory_whose_first_read_hits_is_not_listed(tmp_path):
+    files = {(100 + i, 1): os.urandom(20_000 + i) for i in range(10)}
+    listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in files.items()]
+    hub, pf, reader = setup(tmp_path, files, dirs={7: listing})
+    cache = reader._cache
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        cache.stage(100, 1, [(0, files[(100, 1)])])  # cached, as after a restart
+        await cache.flush()
+        await nursery.start(pf.run)
+        s = reader.open(listing[0], 7)
+        assert await reader.read(s, 0, 4096) == files[(100, 1)][:4096]
+        await trio.sleep(0.5)
+        assert not hub.packs and not hub.calls  # a hit starts no fill
         nursery.cancel_scope.cancel()
