@@ -1058,7 +1058,10 @@ def datasets(args: argparse.Namespace) -> dict[int, DataSet]:
     return out
 
 
-def summarise(env: Env, error: str | None, started: float) -> dict[str, Any]:
+def summarise(env: Env, head: dict[str, Any], error: str | None,
+              started: float) -> dict[str, Any]:
+    """Print the tables and the grades, draw the plots; the JSON record (``head``: the run's
+    commit and dirty flag, taken at its start, before it wrote any plot)."""
     args = env.args
     tables = {f"{mode}-{rtt}": t for rtt in args.rtts for mode in args.modes
               if (t := table(env, rtt, mode))}
@@ -1074,7 +1077,7 @@ def summarise(env: Env, error: str | None, started: float) -> dict[str, Any]:
                  if (p := plot(env, rtt, mode, args.plots_dir))]
     mismatches = sum(r["mismatches"] for r in env.records)
     return {
-        **bl.run_info("train.py"), "torch": torch.__version__,
+        **head, "torch": torch.__version__,
         "wall_s": round(time.monotonic() - started, 1),
         "config": vars(args), "datasets": {str(k): {"root": v.root, "files": len(v.rels),
                                                      "bytes": v.total_bytes,
@@ -1108,6 +1111,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks
     started = time.monotonic()
+    head = bl.run_info("train.py")
     args.work_dir.mkdir(parents=True, exist_ok=True)
     env = Env(args, Path(tempfile.mkdtemp(dir=args.work_dir, prefix="run-")),
               bl.Deadline(args.max_seconds))
@@ -1126,7 +1130,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"train.py: error: {error}", file=sys.stderr, flush=True)
     finally:
         _sweep(env)
-        record = summarise(env, error, started)
+        record = summarise(env, head, error, started)
         bl.append_jsonl(args.results_file, record)
         print(f"\n{time.monotonic() - started:.0f} s; appended to {args.results_file}")
         if args.keep:
