@@ -803,15 +803,14 @@ def run_rtt(env: Env, rtt: int, ds: DataSet) -> None:
 
 
 def finish_run(env: Env, ctx: Ctx) -> None:
-    """Per-run ratios that need two configurations: remount / ceiling."""
-    mine = {r["config"]: r for r in env.records
-            if (r["rtt_ms"], r["mode"], r["run"]) == (ctx.rtt, ctx.mode, ctx.run)}
-    ceiling, remount = mine.get("ceiling"), mine.get("spoke-remount")
-    if ceiling and remount and ceiling["samples_per_s"]:
-        remount["ratio_ceiling"] = remount["samples_per_s"] / ceiling["samples_per_s"]
-    for rec in mine.values():
-        if ceiling and ceiling["samples_per_s"]:
-            rec.setdefault("ratio_ceiling", rec["samples_per_s"] / ceiling["samples_per_s"])
+    """Once a run and mode is done: every configuration's ratio to the ceiling of that run
+    and mode (the ceiling is measured after the spoke's epochs)."""
+    mine = [r for r in env.records
+            if (r["rtt_ms"], r["mode"], r["run"]) == (ctx.rtt, ctx.mode, ctx.run)]
+    ceiling = next((r for r in mine if r["config"] == "ceiling"), None)
+    if ceiling and ceiling["samples_per_s"]:
+        for rec in mine:
+            rec["ratio_ceiling"] = rec["samples_per_s"] / ceiling["samples_per_s"]
 
 
 # -- summary: figures, table, goals, plots -----------------------------------------------------
@@ -825,20 +824,20 @@ def figure(env: Env, rtt: int, mode: str, config: str, key: str) -> bl.Figure:
     return fig
 
 
-COLUMNS: tuple[tuple[str, str, str, float], ...] = (
-    ("samples/s", "samples_per_s", "{:.0f}", 1),
-    ("x local", "ratio_local", "{:.2f}", 1),
-    ("x ceiling", "ratio_ceiling", "{:.2f}", 1),
-    ("waited", "wait_frac", "{:.2f}", 1),
-    ("1st 150 batches /s", "rate_first", "{:.0f}", 1),
-    ("rest /s", "rate_rest", "{:.0f}", 1),
-    ("0.99 local at batch", "reach_batch", "{:.0f}", 1),
-    ("link B / B read", "link_per_byte", "{:.3f}", 1),
-    ("x link bound", "frac_bound", "{:.2f}", 1),
-    ("hit ratio", "hit_ratio", "{:.3f}", 1),
-    ("daemon CPU ms/sample", "daemon_cpu_ms_per_sample", "{:.2f}", 1),
-    ("machine CPU % of all cores", "machine_busy_pct", "{:.0f}", 1),
-    ("mismatches", "mismatches", "{:.0f}", 1),
+COLUMNS: tuple[tuple[str, str, str], ...] = (  # (heading, record key, format)
+    ("samples/s", "samples_per_s", "{:.0f}"),
+    ("x local", "ratio_local", "{:.2f}"),
+    ("x ceiling", "ratio_ceiling", "{:.2f}"),
+    ("waited", "wait_frac", "{:.2f}"),
+    ("1st 150 batches /s", "rate_first", "{:.0f}"),
+    ("rest /s", "rate_rest", "{:.0f}"),
+    ("0.99 local at batch", "reach_batch", "{:.0f}"),
+    ("link B / B read", "link_per_byte", "{:.3f}"),
+    ("x link bound", "frac_bound", "{:.2f}"),
+    ("hit ratio", "hit_ratio", "{:.3f}"),
+    ("daemon CPU ms/sample", "daemon_cpu_ms_per_sample", "{:.2f}"),
+    ("machine CPU % of all cores", "machine_busy_pct", "{:.0f}"),
+    ("mismatches", "mismatches", "{:.0f}"),
 )
 
 
@@ -850,7 +849,7 @@ def table(env: Env, rtt: int, mode: str) -> str | None:
         cut = any(r["cut"] for r in env.records
                   if (r["rtt_ms"], r["mode"], r["config"]) == (rtt, mode, config))
         cells = [f"{config}{' *' if cut else ''}"]
-        cells += [figure(env, rtt, mode, config, key).text(fmt) for _, key, fmt, _ in COLUMNS]
+        cells += [figure(env, rtt, mode, config, key).text(fmt) for _, key, fmt in COLUMNS]
         rows.append(cells)
     if not rows:
         return None
@@ -1084,7 +1083,7 @@ def summarise(env: Env, head: dict[str, Any], error: str | None,
                                                      "mean_bytes": v.mean_bytes}
                                            for k, v in env.datasets.items()},
         "figures": {f"{r}-{m}-{c}": {k: figure(env, r, m, c, k).summary()
-                                     for _, k, _, _ in COLUMNS}
+                                     for _, k, _ in COLUMNS}
                     for r in measured for m in args.modes for c in CONFIGS
                     if figure(env, r, m, c, "samples_per_s").samples},
         "goals": [{"issue": g.goal.issue, "figure": g.goal.what, "rtt_ms": g.rtt,
