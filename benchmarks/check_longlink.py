@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from longlink import MIB, LongLinkProcess  # noqa: E402
+from longlink import MIB, LongLinkProcess
 
 RESULTS = Path(__file__).resolve().parent / "results" / "longlink.jsonl"
 _REQUEST = struct.Struct("<cQ")  # mode (b"S" send N bytes, b"E" echo), N

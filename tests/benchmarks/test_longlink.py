@@ -7,15 +7,15 @@ generous upper bounds): these test the emulator's logic, not the machine's speed
 from __future__ import annotations
 
 import sys
-from functools import partial
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from longlink import KIB, LinkConfig, open_longlink  # noqa: E402
+from longlink import KIB, LinkConfig, open_longlink
 
 DELAY = 0.05  # one way: RTT 100 ms
 

@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""ceiling_fs: a minimal in-memory, read-only pyfuse3 filesystem: the ceiling of FUSE in Python.
+
+The training benchmark (benchmarks/train.py) reads the same files through it and through
+spokefs, so its report can say what fraction of the "FUSE served by a Python process on
+trio" ceiling spokefs reaches. How: at start the whole directory tree ROOT is read into a
+dict (inode -> node, file contents as bytes); then it mounts MNT and answers only
+lookup, getattr, open, read, release, opendir, readdir and releasedir from that dict. It has no
+flush method (the kernel gets ENOSYS once and stops sending flushes), long entry and
+attribute timeouts, ``keep_cache=False`` on every open (like a first open in spokefs), the
+spoke's mount options (``ro``, ``allow_other``, ``default_permissions``), the spoke's pyfuse3
+worker count and its 1 MiB kernel read-ahead. Nothing else: no cache, no network, no locks.
+
+    python benchmarks/ceiling_fs.py ROOT MNT
+
+Prints ``ceiling_fs: mounted N files (B bytes) at MNT`` once mounted; exits 0 after
+``fusermount3 -u MNT`` or SIGTERM/SIGINT (then it unmounts itself). Needs root for
+``allow_other`` and the read-ahead setting (without root, read-ahead stays at the default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import signal
+import stat
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyfuse3
+import trio
+
+TIMEOUT_S = 3600.0  # entry and attribute timeouts: the tree never changes
+READAHEAD_KIB = 1024  # spokefs's default kernel_readahead_kib
+MAX_TASKS = 64  # spokefs's default fuse_max_tasks
+
+
+@dataclass
+class Node:
+    """A directory (children: name -> inode, in name order) or a regular file (data)."""
+
+    inode: int
+    mode: int
+    mtime_ns: int
+    data: bytes = b""
+    children: dict[bytes, int] = field(default_factory=dict)
+
+
+def load_tree(root: Path) -> dict[int, Node]:
+    """Every directory and regular file under root, contents in memory; the root is
+    ``pyfuse3.ROOT_INODE``. Symlinks and other kinds are skipped."""
+    nodes: dict[int, Node] = {}
+    next_inode = pyfuse3.ROOT_INODE
+
+    def add(st: os.stat_result, data: bytes = b"") -> Node:
+        nonlocal next_inode
+        node = Node(next_inode, st.st_mode, st.st_mtime_ns, data)
+        nodes[node.inode] = node
+        next_inode += 1
+        return node
+
+    def walk(path: Path, node: Node) -> None:
+        for entry in sorted(os.scandir(path), key=lambda e: e.name):
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                child = add(st)
+                walk(Path(entry.path), child)
+            elif stat.S_ISREG(st.st_mode):
+                child = add(st, Path(entry.path).read_bytes())
+            else:
+                continue
+            node.children[os.fsencode(entry.name)] = child.inode
+
+    walk(root, add(root.stat()))
+    return nodes
+
+
+class CeilingOps(pyfuse3.Operations):
+    """Answers from the dict; every other operation is pyfuse3's default (ENOSYS)."""
+
+    enable_writeback_cache = False
+
+    def __init__(self, nodes: dict[int, Node]) -> None:
+        super().__init__()
+        self.nodes = nodes
+
+    def _node(self, inode: int) -> Node:
+        node = self.nodes.get(inode)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return node
+
+    def _attr(self, node: Node) -> pyfuse3.EntryAttributes:
+        e = pyfuse3.EntryAttributes()
+        e.st_ino = pyfuse3.InodeT(node.inode)
+        e.generation = 0
+        e.entry_timeout = TIMEOUT_S
+        e.attr_timeout = TIMEOUT_S
+        e.st_mode = pyfuse3.ModeT(node.mode)
+        e.st_nlink = 2 if stat.S_ISDIR(node.mode) else 1
+        e.st_uid = e.st_gid = 0
+        e.st_size = len(node.data)
+        e.st_blksize = 4096
+        e.st_blocks = (e.st_size + 511) // 512
+        e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = node.mtime_ns
+        return e
+
+    async def lookup(self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT,
+                     ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        child = self._node(parent_inode).children.get(bytes(name))
+        if child is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._attr(self.nodes[child])
+
+    async def getattr(self, inode: pyfuse3.InodeT,
+                      ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        return self._attr(self._node(inode))
+
+    async def open(self, inode: pyfuse3.InodeT, flags: int,
+                   ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        node = self._node(inode)
+        if stat.S_ISDIR(node.mode):
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        if flags & (os.O_WRONLY | os.O_RDWR):
+            raise pyfuse3.FUSEError(errno.EROFS)
+        return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(inode), keep_cache=False)
+
+    async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
+        return self.nodes[fh].data[off:off + size]
+
+    async def release(self, fh: pyfuse3.FileHandleT) -> None:
+        return None
+
+    async def opendir(self, inode: pyfuse3.InodeT,
+                      ctx: pyfuse3.RequestContext) -> pyfuse3.FileHandleT:
+        if not stat.S_ISDIR(self._node(inode).mode):
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return pyfuse3.FileHandleT(inode)
+
+    async def readdir(self, fh: pyfuse3.FileHandleT, start_id: int,
+                      token: pyfuse3.ReaddirToken) -> None:
+        entries = list(self.nodes[fh].children.items())
+        for i in range(start_id, len(entries)):
+            name, inode = entries[i]
+            if not pyfuse3.readdir_reply(token, pyfuse3.FileNameT(name),
+                                         self._attr(self.nodes[inode]), i + 1):
+                return
+
+    async def releasedir(self, fh: pyfuse3.FileHandleT) -> None:
+        return None
+
+
+def set_readahead(mnt: Path, kib: int) -> None:
+    """The mount's kernel read-ahead, as spokefs sets its own (default 128 KiB)."""
+    target = os.path.abspath(mnt)
+    with open("/proc/self/mountinfo") as f:
+        devices = [line.split()[2] for line in f if line.split()[4] == target]
+    if devices:
+        try:
+            Path(f"/sys/class/bdi/{devices[-1]}/read_ahead_kb").write_text(f"{kib}\n")
+        except OSError as exc:
+            print(f"ceiling_fs: read-ahead left at its default: {exc}", file=sys.stderr)
+
+
+async def _serve() -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_terminate_on_signal)
+        await pyfuse3.main(min_tasks=2, max_tasks=MAX_TASKS)
+        nursery.cancel_scope.cancel()
+
+
+async def _terminate_on_signal() -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            pyfuse3.terminate()
+            return
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("root", type=Path, help="directory to load into memory")
+    p.add_argument("mountpoint", type=Path)
+    args = p.parse_args(argv)
+    nodes = load_tree(args.root)
+    files = [n for n in nodes.values() if stat.S_ISREG(n.mode)]
+    options = set(pyfuse3.default_options) | {"ro", "allow_other", "fsname=ceilingfs",
+                                              "subtype=ceilingfs"}
+    pyfuse3.init(CeilingOps(nodes), str(args.mountpoint), options)
+    try:
+        set_readahead(args.mountpoint, READAHEAD_KIB)
+        print(f"ceiling_fs: mounted {len(files)} files ({sum(len(n.data) for n in files)} "
+              f"bytes) at {args.mountpoint}", flush=True)
+        trio.run(_serve)
+    finally:
+        pyfuse3.close(unmount=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
