@@ -8,22 +8,31 @@ restart sees the same inode numbers.
 LMDB layout (environment ``<cache_dir>/namespace``; keys big-endian so one directory's
 entries are adjacent):
 
-| db     | key                        | value                                        |
-| ------ | -------------------------- | -------------------------------------------- |
-| attr   | id                         | ``_ATTR`` (mode, size, mtime_ns, nlink, version, parent) + symlink target |
-| dent   | parent id + name           | child id + position (u32)                    |
-| dpos   | parent id + position (u32) | child id + name (readdir resumes at a position) |
-| info   | b"generation" etc.         | values of the loaded snapshot                |
+| db   | key                        | value                                                 |
+| ---- | -------------------------- | ----------------------------------------------------- |
+| attr | id                         | ``_ATTR`` (mode, size, mtime_ns, nlink, version,      |
+|      |                            | parent) + symlink target                              |
+| dent | parent id + name           | child id + position (u32)                             |
+| dpos | parent id + position (u32) | child id + name (readdir resumes at a position)       |
+| info | b"generation" etc.         | values of the loaded snapshot                         |
 
 A snapshot, or a batch of changes, is applied in one write transaction, so a crash leaves
 either the old namespace or the new one, never a mix. Positions only grow: a directory's
 entries keep their readdir offsets across changes, and new names go at the end.
 
+Loading a snapshot is a bulk job (``_BulkLoader``): the stream is decoded a step at a time
+into plain tuples and each db gets one ``putmulti`` per step, so a million entries cost a
+few seconds and memory bounded by one step, not a Python object per entry.
+
 Changes (``apply_changes``) follow ``wire``'s rules: REMOVE unlinks one name and is never
 recursive; UPSERT sets one name to an entry. An inode that loses its last name keeps its
 attributes, so a file open across its removal can still be stat'ed and read (its bytes
-come from its own version); such orphans are small and stay until the next full snapshot. Reads are small gets on a memory map and run inline on the trio
-thread (docs/contributing.md, section 5); the load runs in a worker thread.
+come from its own version); such orphans are small and stay until the next full snapshot.
+
+Reads are small gets on a memory map and run inline on the trio thread
+(docs/contributing.md, section 5); the load and the listings that directory fills ask for
+run in a worker thread. ``readdir_rows`` is the hot path of ``find`` over a large tree: it
+yields tuples, never an ``Attr`` per entry.
 """
 
 from __future__ import annotations
@@ -473,22 +482,52 @@ class Namespace:
 
         Blocking for a large directory: callers run it in a thread.
         """
-        return [
-            (a.file_id, a.version, a.size)
-            for _, _, a in self.readdir(self.inode(dir_id), 0)
-            if stat.S_ISREG(a.mode)
-        ]
+        return [(fid, version, size) for fid, mode, size, version in self._children(dir_id)
+                if mode & 0o170000 == stat.S_IFREG]
+
+    def subdirs(self, dir_id: int) -> list[int]:
+        """Ids of the subdirectories of a directory (by file id). Blocking for a large
+        directory: callers run it in a thread."""
+        return [fid for fid, mode, _, _ in self._children(dir_id)
+                if mode & 0o170000 == stat.S_IFDIR]
+
+    def parent_of(self, dir_id: int) -> int:
+        """The id of the directory that lists ``dir_id`` first; 0 for the export root.
+
+        Raises:
+            NotFound: no such id.
+        """
+        if dir_id == self._root_id():
+            return 0
+        return self.getattr(self.inode(dir_id)).parent_id
 
     def sibling_dirs(self, dir_id: int) -> tuple[int, list[int]]:
         """``(parent id, ids of the parent's other subdirectories)`` of a directory; the
         export root has none. Blocking for a large directory: callers run it in a thread."""
-        if dir_id == self._root_id():
+        parent = self.parent_of(dir_id)
+        if not parent:
             return 0, []
-        parent = self.getattr(self.inode(dir_id)).parent_id
-        return parent, [
-            a.file_id for _, _, a in self.readdir(self.inode(parent), 0)
-            if stat.S_ISDIR(a.mode) and a.file_id != dir_id
-        ]
+        return parent, [d for d in self.subdirs(parent) if d != dir_id]
+
+    def _children(self, dir_id: int) -> list[tuple[int, int, int, int]]:
+        """``(file_id, mode, size, version)`` of every entry of a directory, in position
+        order; one read transaction, no object per entry but the tuple."""
+        prefix = _ID.pack(dir_id)
+        unpack_attr = _ATTR.unpack_from
+        out = []
+        with self._env.begin() as txn:
+            cur = txn.cursor(db=self._dpos)
+            if not cur.set_range(prefix):
+                return out
+            get, attr_db = txn.get, self._attr
+            for key, value in cur:
+                if key[:8] != prefix:
+                    break
+                raw = get(value[:8], db=attr_db)
+                if raw is not None:
+                    mode, size, _, _, version, _ = unpack_attr(raw)
+                    out.append((_ID.unpack_from(value)[0], mode, size, version))
+        return out
 
     def _decode(self, fid: int, raw: bytes) -> Attr:
         mode, size, mtime_ns, nlink, version, parent = _ATTR.unpack_from(raw)

@@ -182,3 +182,26 @@ def test_readdir_rows_match_readdir(tmp_path):
         assert rows == want and rows
         assert list(ns.readdir_rows(ino, rows[-1][0])) == []
     assert list(ns.readdir_rows(0x200, 100)) == list(ns.readdir_rows(0x200, 0))[100:]
+
+
+def test_subdirs_parent_and_siblings(tmp_path):
+    ns = Namespace(tmp_path)
+    ns.load_snapshot(wire.encode_snapshot(7, ROOT, [*tree(), Entry(0x600, ROOT, DIR, 0, 1, 2, 0,
+                                                                   b"other")]))
+    assert ns.subdirs(ROOT) == [0x200, 0x600]
+    assert (ns.parent_of(ROOT), ns.parent_of(0x600)) == (0, ROOT)
+    assert ns.sibling_dirs(0x200) == (ROOT, [0x600])
+    assert ns.sibling_dirs(ROOT) == (0, [])
+    assert sorted(ns.dir_files(0x200))[:2] == [(0x300, 0xAA, 5), (0x1000, 0, 0)]
+
+
+async def test_dir_lister_keeps_a_parents_subdirs_per_generation(tmp_path):
+    from spokefs.mount import _DirLister
+    ns = Namespace(tmp_path)
+    ns.load_snapshot(wire.encode_snapshot(7, ROOT, tree()))
+    lister = _DirLister(ns)
+    assert await lister.siblings(0x200) == (ROOT, [0x200])  # the whole list, itself included
+    assert await lister.siblings(ROOT) == (0, [])
+    extra = Entry(0x600, ROOT, DIR, 0, 1, 2, 0, b"other")
+    ns.load_snapshot(wire.encode_snapshot(8, ROOT, [*tree(), extra]))  # a new generation
+    assert await lister.siblings(0x200) == (ROOT, [0x200, 0x600])
