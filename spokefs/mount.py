@@ -3,8 +3,10 @@ pyfuse3, and tear down in reverse order.
 
 Order matters for "no stale mount": everything that can fail for a user-fixable reason (bad
 mountpoint, unreachable hub, bad snapshot, no /dev/fuse) fails before ``pyfuse3.init``
-mounts anything. After the mount, SIGINT/SIGTERM end the loop and the filesystem is
-unmounted; ``fusermount3 -u`` (``spokefs umount``) ends the loop from outside.
+mounts anything. A cache dir that holds a namespace is mounted without waiting for the hub
+at all (``refresher`` catches up afterwards), so a remount is as fast with the hub down.
+After the mount, SIGINT/SIGTERM end the loop and the filesystem is unmounted;
+``fusermount3 -u`` (``spokefs umount``) ends the loop from outside.
 """
 
 from __future__ import annotations
@@ -126,8 +128,11 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
         ns = Namespace(cfg.cache_dir / "namespace")
         stack.callback(ns.close)
         refresher = Refresher(hub, ns, cfg.refresh_interval_s, cfg.mount_deadline_s)
-        warm = cfg.prefetch.warm_connections if cfg.prefetch.enabled else 0
-        info = await _while_warming(hub, warm, cfg.mount_deadline_s, refresher.replicate)
+        if refresher.has_namespace:  # mount it now: the refresher catches up afterwards
+            info = await refresher.replicate()
+        else:
+            warm = cfg.prefetch.warm_connections if cfg.prefetch.enabled else 0
+            info = await _while_warming(hub, warm, cfg.mount_deadline_s, refresher.replicate)
         cache = BlockCache(cfg.cache_dir / "blocks", cfg.cache_max_bytes)
         stack.callback(cache.close)
         cachedir.harden(cfg.cache_dir)  # LMDB made its files 0700 under umask 0077: 0600
