@@ -83,15 +83,15 @@ class Deadline:
 class Proc:
     """A child process whose stdout lines are collected by a thread; stderr goes to a log file."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path) -> None:
+    def __init__(self, name: str, argv: list[str], log_path: Path, src: Path = REPO) -> None:
         self.name = name
         self.argv = argv
         self.log_path = log_path
         self._log: IO[bytes] = log_path.open("wb")
-        env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        env = dict(os.environ, PYTHONPATH=f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         self.started = time.perf_counter()
         self.popen = subprocess.Popen(
-            argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=self._log, text=True
+            argv, cwd=src, env=env, stdout=subprocess.PIPE, stderr=self._log, text=True
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
@@ -180,13 +180,19 @@ class Spoke:
 
 @contextlib.contextmanager
 def run_spoke(url: str, work: Path, cache_size: str, args: argparse.Namespace,
-              deadline: Deadline) -> Iterator[Spoke]:
-    """A foreground ``spokefs mount`` with a fresh cache dir; always unmounted afterwards."""
+              deadline: Deadline, *, src: Path = REPO, keep_cache: bool = False,
+              fresh: bool = True) -> Iterator[Spoke]:
+    """A foreground ``spokefs mount`` (of the checkout ``src``); always unmounted afterwards.
+
+    ``fresh``: start from an empty cache dir (else remount the one a previous mount left);
+    ``keep_cache``: leave the cache dir for a remount.
+    """
     mnt, cache = Path(tempfile.mkdtemp(dir=work, prefix="mnt-")), work / "cache"
-    shutil.rmtree(cache, ignore_errors=True)
+    if fresh:
+        shutil.rmtree(cache, ignore_errors=True)
     argv = [sys.executable, "-m", "spokefs", "mount", url, str(mnt), "--cache-dir", str(cache),
             "--cache-size", cache_size, "--metrics-port", "0", *args.spoke_arg]
-    proc = Proc("spokefs", argv, work / "spokefs.log")
+    proc = Proc("spokefs", argv, work / "spokefs.log", src)
     try:
         match = proc.wait_line(SPOKE_READY_RE, deadline.timeout(args.step_timeout))
         if not is_mounted(mnt):
@@ -196,8 +202,25 @@ def run_spoke(url: str, work: Path, cache_size: str, args: argparse.Namespace,
         unmount(mnt, proc)
         with contextlib.suppress(OSError):
             mnt.rmdir()
-        if not args.keep:
+        if not args.keep and not keep_cache:
             shutil.rmtree(cache, ignore_errors=True)
+
+
+def rss_mib(pid: int) -> dict[str, float]:
+    """VmRSS, RssAnon and RssFile of a process in MiB (RssFile: mapped file pages, here
+    LMDB's, which the kernel can reclaim)."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile"):
+            out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+def browse(mnt: Path) -> None:
+    """What a user does first on a mount: list the root and its first directory."""
+    first = sorted(os.listdir(mnt))[0]
+    os.listdir(mnt / first)
 
 
 def is_mounted(mnt: Path) -> bool:
@@ -339,31 +362,89 @@ def _link_mib(link: LongLinkProcess | None) -> float:
     return float(link.statistics().get("bytes_down", 0)) / MIB
 
 
+REMOUNT_SLOW_DELAY_MS = 450.0  # one way: a 900 ms round trip
+
+
 def bench_metadata(args: argparse.Namespace, work: Path, deadline: Deadline,
                    results: dict[str, dict[str, Figure]]) -> None:
-    """Hub scan seconds, mount-ready seconds and mount-launch -> finished find seconds.
+    """Hub scan seconds; per spokefs checkout (this one, and ``--baseline-src`` side by side
+    in the same run): mount-ready and mount-launch -> finished find seconds, the spoke's
+    RSS after the find, and (``--remount``) remounts on the cache dir that mount left.
 
     Data sets live in ``args.work_dir``; logs, caches and mount points in ``work``.
     """
     root, expected = ensure_tree(args.work_dir, args.entries)
-    figs = new_figures(results, "metadata", hub_startup_s="s", mount_ready_s="s",
-                       mount_to_find_done_s="s", find_count="entries", link_mib_down="MiB")
+    systems = [("", REPO)] + ([("baseline_", args.baseline_src)] if args.baseline_src else [])
+    units = {"mount_ready_s": "s", "mount_to_find_done_s": "s", "find_count": "entries",
+             "rss_after_find_mib": "MiB", "rss_anon_after_find_mib": "MiB",
+             "rss_file_after_find_mib": "MiB", "link_mib_down": "MiB"}
+    if args.remount:
+        for how in ("up", "slow", "down"):
+            units |= {f"remount_{how}_ready_s": "s", f"remount_{how}_browse_s": "s"}
+        units["remount_up_find_done_s"] = "s"
+    figs = new_figures(results, "metadata", hub_startup_s="s",
+                       **{prefix + k: u for prefix, _ in systems for k, u in units.items()})
     print(f"metadata: tree {root} ({expected} lines from find)", flush=True)
     for run in range(args.runs):
         drop_caches()
-        with run_hub(root, work, deadline) as hub, maybe_link(hub, args) as (url, link):
-            with run_spoke(url, work, "1G", args, deadline) as spoke:
-                found = count_entries(spoke.mountpoint)
-                total_s = time.perf_counter() - spoke.proc.started
-            if found != expected:
-                raise BenchError(f"find through the mount counted {found}, source {expected}")
-            for key, value in [("hub_startup_s", hub.startup_s), ("mount_ready_s", spoke.ready_s),
-                               ("mount_to_find_done_s", total_s), ("find_count", found)]:
-                figs[key].samples.append(value)
-            if link is not None:
-                figs["link_mib_down"].samples.append(_link_mib(link))
-        print(f"  run {run + 1}: hub {hub.startup_s:.2f} s, mount ready {spoke.ready_s:.2f} s, "
-              f"find done {total_s:.2f} s, {found} entries", flush=True)
+        with run_hub(root, work, deadline) as hub:
+            figs["hub_startup_s"].samples.append(hub.startup_s)
+            for prefix, src in systems:
+                sample = _metadata_run(args, work, deadline, hub, src, expected)
+                for key, value in sample.items():
+                    figs[prefix + key].samples.append(value)
+                print(f"  run {run + 1} {prefix or 'spokefs_'}{src.name}: "
+                      + ", ".join(f"{k} {v:.2f}" for k, v in sample.items()), flush=True)
+
+
+def _metadata_run(args: argparse.Namespace, work: Path, deadline: Deadline, hub: Hub,
+                  src: Path, expected: int) -> dict[str, float]:
+    """One checkout's figures: first mount and find, RSS, then the remounts."""
+    out: dict[str, float] = {}
+    with maybe_link(hub, args) as (url, link):
+        with run_spoke(url, work, "1G", args, deadline, src=src,
+                       keep_cache=args.remount) as spoke:
+            found = count_entries(spoke.mountpoint)
+            out["mount_to_find_done_s"] = time.perf_counter() - spoke.proc.started
+            rss = rss_mib(spoke.proc.popen.pid)
+        if found != expected:
+            raise BenchError(f"find through the mount counted {found}, source {expected}")
+        out |= {"mount_ready_s": spoke.ready_s, "find_count": found,
+                "rss_after_find_mib": rss["VmRSS"], "rss_anon_after_find_mib": rss["RssAnon"],
+                "rss_file_after_find_mib": rss["RssFile"]}
+        if link is not None:
+            out["link_mib_down"] = _link_mib(link)
+        if args.remount:  # the hub up, behind the same link as the first mount
+            with run_spoke(url, work, "1G", args, deadline, src=src, keep_cache=True,
+                           fresh=False) as spoke:
+                browse(spoke.mountpoint)
+                out["remount_up_browse_s"] = time.perf_counter() - spoke.proc.started
+                out["remount_up_ready_s"] = spoke.ready_s
+                if count_entries(spoke.mountpoint) != expected:
+                    raise BenchError("find after a remount counted another number")
+                out["remount_up_find_done_s"] = time.perf_counter() - spoke.proc.started
+    if args.remount:
+        for how in ("slow", "down"):
+            out |= _remount(args, work, deadline, hub, src, how)
+    return out
+
+
+def _remount(args: argparse.Namespace, work: Path, deadline: Deadline, hub: Hub, src: Path,
+             how: str) -> dict[str, float]:
+    """Remount on the stored namespace with the hub 900 ms away (``slow``) or behind a
+    blackholed link (``down``: nothing gets through, connections hang)."""
+    host, port = hub.url.removeprefix("http://").rsplit(":", 1)
+    with LongLinkProcess((host, int(port)), REMOUNT_SLOW_DELAY_MS, args.rate_mbit,
+                         args.window_bytes) as link:
+        if how == "down":
+            link.set_blackhole(True)
+            time.sleep(0.3)
+        url = f"http://127.0.0.1:{link.port}"
+        with run_spoke(url, work, "1G", args, deadline, src=src, keep_cache=True,
+                       fresh=False) as spoke:
+            browse(spoke.mountpoint)
+            browse_s = time.perf_counter() - spoke.proc.started
+    return {f"remount_{how}_ready_s": spoke.ready_s, f"remount_{how}_browse_s": browse_s}
 
 
 def _timed_read(root: Path, drop: bool) -> float:
@@ -462,6 +543,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-timeout", type=float, default=600.0, help="per-mount timeout (600 s)")
     p.add_argument("--max-seconds", type=float, default=3600.0, help="whole-run budget (3600 s)")
     p.add_argument("--keep", action="store_true", help="keep cache dirs and logs")
+    p.add_argument("--remount", action=argparse.BooleanOptionalAction, default=True,
+                   help="metadata: also remount on the stored namespace with the hub up, "
+                        "900 ms away and blackholed (default on)")
+    p.add_argument("--baseline-src", type=Path,
+                   help="metadata: a checkout of another spokefs (e.g. `git archive REV`) "
+                        "measured side by side, interleaved in the same run")
     return p.parse_args(argv)
 
 

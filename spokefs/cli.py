@@ -142,7 +142,8 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--hub-deadline", type=float, default=60.0,
                    help="seconds an uncached read retries before EIO (default 60)")
     m.add_argument("--mount-deadline", type=float, default=5.0,
-                   help="seconds mount tries to reach the hub (default 5)")
+                   help="seconds a first mount (no stored namespace) tries to reach the hub "
+                        "(default 5)")
     m.add_argument("--log-level", default="INFO",
                    choices=["DEBUG", "INFO", "WARNING", "ERROR"], type=str.upper)
     m.add_argument("--log-file", type=Path,

@@ -74,7 +74,8 @@ class SpokeConfig:
             of ``--ca-file``; TLS >= 1.2, certificate and host name verified), else None.
         hub_deadline_s: how long an uncached read keeps retrying before EIO.
         hub_request_timeout_s: one HTTP request, connect to last byte.
-        mount_deadline_s: how long ``mount`` tries to get the snapshot before it gives up.
+        mount_deadline_s: how long a first ``mount`` tries to get the snapshot before it
+            gives up (a stored namespace is mounted without the hub).
         refresh_interval_s: how often the namespace polls the hub for changes (0: never,
             only on ``spokefs refresh``).
         hub_max_connections: HTTP connections kept to the hub.

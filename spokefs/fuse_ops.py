@@ -67,19 +67,24 @@ class SpokeOps(pyfuse3.Operations):
         self.handles: dict[int, Stream] = {}
         self._by_inode = InodeStreams(namespace, reader) if cfg.open_mode == "kernel" else None
 
-    def _entry(self, a: Attr) -> pyfuse3.EntryAttributes:
+    def _entry_template(self) -> pyfuse3.EntryAttributes:
+        """An EntryAttributes with the fields every entry shares (owner, timeouts)."""
         e = pyfuse3.EntryAttributes()
-        e.st_ino = pyfuse3.InodeT(a.ino)
         e.generation = 0
         e.entry_timeout = self._timeout
         e.attr_timeout = self._timeout
-        e.st_mode = pyfuse3.ModeT(a.mode)
-        e.st_nlink = a.nlink
         e.st_uid = self._uid
         e.st_gid = self._gid
         e.st_rdev = 0
-        e.st_size = len(a.target) if stat.S_ISLNK(a.mode) else a.size
         e.st_blksize = BLOCK_SIZE
+        return e
+
+    def _entry(self, a: Attr) -> pyfuse3.EntryAttributes:
+        e = self._entry_template()
+        e.st_ino = pyfuse3.InodeT(a.ino)
+        e.st_mode = pyfuse3.ModeT(a.mode)
+        e.st_nlink = a.nlink
+        e.st_size = len(a.target) if stat.S_ISLNK(a.mode) else a.size
         e.st_blocks = (e.st_size + 511) // 512
         e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = a.mtime_ns
         return e
@@ -121,9 +126,20 @@ class SpokeOps(pyfuse3.Operations):
     ) -> None:
         if start_id == 0:
             self._reader.on_readdir(self._ns.file_id(fh))
-        # one synchronous stretch: the namespace generator holds a read transaction
-        for next_id, name, attr in self._ns.readdir(fh, start_id):
-            if not pyfuse3.readdir_reply(token, name, self._entry(attr), next_id):
+        # One synchronous stretch: the namespace generator holds a read transaction. One
+        # EntryAttributes for the whole reply: readdir_reply copies it into the reply
+        # buffer at once, so only the fields that differ are set per entry (a million
+        # entries cost a million replies: ``find`` over a large tree is this loop).
+        e = self._entry_template()
+        reply = pyfuse3.readdir_reply
+        for next_id, name, ino, mode, size, mtime_ns, nlink in self._ns.readdir_rows(fh, start_id):
+            e.st_ino = ino
+            e.st_mode = mode
+            e.st_nlink = nlink
+            e.st_size = size
+            e.st_blocks = (size + 511) // 512
+            e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = mtime_ns
+            if not reply(token, name, e, next_id):
                 break
 
     async def releasedir(self, fh: pyfuse3.FileHandleT) -> None:

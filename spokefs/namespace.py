@@ -8,22 +8,31 @@ restart sees the same inode numbers.
 LMDB layout (environment ``<cache_dir>/namespace``; keys big-endian so one directory's
 entries are adjacent):
 
-| db     | key                        | value                                        |
-| ------ | -------------------------- | -------------------------------------------- |
-| attr   | id                         | ``_ATTR`` (mode, size, mtime_ns, nlink, version, parent) + symlink target |
-| dent   | parent id + name           | child id + position (u32)                    |
-| dpos   | parent id + position (u32) | child id + name (readdir resumes at a position) |
-| info   | b"generation" etc.         | values of the loaded snapshot                |
+| db   | key                        | value                                                 |
+| ---- | -------------------------- | ----------------------------------------------------- |
+| attr | id                         | ``_ATTR`` (mode, size, mtime_ns, nlink, version,      |
+|      |                            | parent) + symlink target                              |
+| dent | parent id + name           | child id + position (u32)                             |
+| dpos | parent id + position (u32) | child id + name (readdir resumes at a position)       |
+| info | b"generation" etc.         | values of the loaded snapshot                         |
 
 A snapshot, or a batch of changes, is applied in one write transaction, so a crash leaves
 either the old namespace or the new one, never a mix. Positions only grow: a directory's
 entries keep their readdir offsets across changes, and new names go at the end.
 
+Loading a snapshot is a bulk job (``_BulkLoader``): the stream is decoded a step at a time
+into plain tuples and each db gets one ``putmulti`` per step, so a million entries cost a
+few seconds and memory bounded by one step, not a Python object per entry.
+
 Changes (``apply_changes``) follow ``wire``'s rules: REMOVE unlinks one name and is never
 recursive; UPSERT sets one name to an entry. An inode that loses its last name keeps its
 attributes, so a file open across its removal can still be stat'ed and read (its bytes
-come from its own version); such orphans are small and stay until the next full snapshot. Reads are small gets on a memory map and run inline on the trio
-thread (docs/contributing.md, section 5); the load runs in a worker thread.
+come from its own version); such orphans are small and stay until the next full snapshot.
+
+Reads are small gets on a memory map and run inline on the trio thread
+(docs/contributing.md, section 5); the load and the listings that directory fills ask for
+run in a worker thread. ``readdir_rows`` is the hot path of ``find`` over a large tree: it
+yields tuples, never an ``Attr`` per entry.
 """
 
 from __future__ import annotations
@@ -63,6 +72,10 @@ class Attr:
     target: bytes
 
 
+# One directory entry for readdir: (position + 1, name, inode, mode, size, mtime_ns, nlink).
+DirRow = tuple[int, bytes, int, int, int, int, int]
+
+
 @dataclass(frozen=True, slots=True)
 class NamespaceInfo:
     generation: int
@@ -100,6 +113,85 @@ class _Batch:
     next_pos: dict[int, int]
 
 
+class _BulkLoader:
+    """Stores a whole snapshot into emptied dbs inside one write transaction, fast.
+
+    The compressed stream is decoded a step at a time into plain tuples
+    (``wire.SnapshotDecoder.feed_rows``), each step's keys and values are built in list
+    comprehensions and stored with one ``putmulti`` per db (LMDB's loop in C instead of
+    three Python calls per entry). Memory stays bounded by one step (about 1 MiB of
+    compressed input, tens of thousands of entries), not by the snapshot.
+
+    Hard links: the first entry of an id gives its attributes (``overwrite=False``). A name
+    listed twice in one directory is a ``WireError``.
+    """
+
+    _STEP = 1 << 20  # compressed bytes decoded per batch
+
+    def __init__(self, attr: object, dent: object, dpos: object) -> None:
+        self._attr, self._dent, self._dpos = attr, dent, dpos
+        self._positions: dict[int, int] = {}
+        self.count = 0
+        self.total = 0
+
+    def load(self, txn: lmdb.Transaction, compressed: bytes) -> wire.SnapshotHeader:
+        """Decode and store every entry; the snapshot's header.
+
+        Raises:
+            wire.WireError: malformed or hostile (the caller aborts the transaction).
+        """
+        decoder = wire.SnapshotDecoder()
+        view = memoryview(compressed)
+        for i in range(0, len(view), self._STEP):
+            rows = decoder.feed_rows(view[i : i + self._STEP])
+            if rows:
+                self._store(txn, rows)
+        return decoder.finish()
+
+    def _store(self, txn: lmdb.Transaction, rows: list[wire.Row]) -> None:
+        pack_id, pack_attr = _ID.pack, _ATTR.pack
+        attrs = [
+            (pack_id(r[0]), pack_attr(r[2], r[3], r[4], r[5], r[6], r[1]) + r[8]) for r in rows
+        ]
+        txn.cursor(db=self._attr).putmulti(attrs, overwrite=False)
+        dents, dposs = self._names(rows)
+        if txn.cursor(db=self._dent).putmulti(dents, overwrite=False)[1] != len(dents):
+            raise wire.WireError(_duplicate_name(txn, self._dent, dents))
+        txn.cursor(db=self._dpos).putmulti(dposs)
+        self.count += len(rows)
+        self.total += sum(r[3] for r in rows if r[2] & 0o170000 != stat.S_IFDIR)
+
+    def _names(self, rows: list[wire.Row]) -> tuple[list[tuple[bytes, bytes]],
+                                                    list[tuple[bytes, bytes]]]:
+        """The dent and dpos items of ``rows``: each child gets its parent's next position."""
+        positions = self._positions
+        pack_id, pack_pos = _ID.pack, _POS_ONLY.pack
+        dents: list[tuple[bytes, bytes]] = []
+        dposs: list[tuple[bytes, bytes]] = []
+        add_dent, add_dpos = dents.append, dposs.append
+        for fid, parent, _, _, _, _, _, name, _ in rows:
+            if not parent:
+                continue  # the root has no name
+            pos = positions.get(parent, 0)
+            positions[parent] = pos + 1
+            child, parent_key, pos_key = pack_id(fid), pack_id(parent), pack_pos(pos)
+            add_dent((parent_key + name, child + pos_key))
+            add_dpos((parent_key + pos_key, child + name))
+        return dents, dposs
+
+
+def _duplicate_name(txn: lmdb.Transaction, dent: object,
+                    items: list[tuple[bytes, bytes]]) -> str:
+    """The message for a name listed twice in a directory (one of ``items`` was not new)."""
+    seen: set[bytes] = set()
+    for key, value in items:
+        stored = txn.get(key, db=dent)
+        if key in seen or stored != value:
+            return f"name {key[8:48]!r} listed twice in {_ID.unpack_from(key)[0]:x}"
+        seen.add(key)
+    return "a name listed twice in a directory"
+
+
 class Namespace:
     """Read access to the replicated namespace, and the snapshot loader."""
 
@@ -133,32 +225,27 @@ class Namespace:
         Without a change list, the kernel's caches are flushed wholesale: every name in the
         root (forgetting a directory's name prunes its whole cached subtree) and every file
         whose version changed or vanished (its cached pages hold the old bytes).
+
+        Raises:
+            wire.WireError: the snapshot is malformed or hostile; nothing is changed.
         """
         old_versions: dict[int, int] = {}
         old_roots: list[bytes] = []
-        decoder = wire.SnapshotDecoder()
-        positions: dict[int, int] = {}
-        total = count = 0
+        loader = _BulkLoader(self._attr, self._dent, self._dpos)
         with self._env.begin(write=True) as txn:
             if self.info is not None:
                 old_versions = self._file_versions(txn)
                 old_roots = self._names_in(txn, self.info.root_id)
             for db in (self._attr, self._dent, self._dpos, self._info):
                 txn.drop(db, delete=False)
-            step = 1 << 20
-            for i in range(0, len(compressed), step):
-                for e in decoder.feed(compressed[i : i + step]):
-                    self._put_entry(txn, e, positions)
-                    count += 1
-                    total += e.size if not e.is_dir else 0
-            header = decoder.finish()
-            info = NamespaceInfo(header.generation, header.root_id, count, total)
+            header = loader.load(txn, compressed)
+            info = NamespaceInfo(header.generation, header.root_id, loader.count, loader.total)
             self._put_info(txn, info)
             new_versions = self._file_versions(txn) if old_versions else {}
         # an exception above aborts the transaction: the old namespace stays
         self.info = info
         stale = [fid for fid, ver in old_versions.items() if new_versions.get(fid) != ver]
-        return Applied(info, [(ROOT_INODE, n) for n in old_roots], stale, count)
+        return Applied(info, [(ROOT_INODE, n) for n in old_roots], stale, loader.count)
 
     def _names_in(self, txn: lmdb.Transaction, dir_id: int) -> list[bytes]:
         prefix = _ID.pack(dir_id)
@@ -178,19 +265,6 @@ class Namespace:
             if stat.S_ISREG(mode):
                 out[_ID.unpack(key)[0]] = version
         return out
-
-    def _put_entry(self, txn: lmdb.Transaction, e: wire.Entry, positions: dict[int, int]) -> None:
-        attr = _ATTR.pack(e.mode, e.size, e.mtime_ns, e.nlink, e.version, e.parent_id)
-        txn.put(_ID.pack(e.file_id), attr + e.target, db=self._attr, overwrite=False)
-        if e.parent_id == 0:
-            return
-        child = _ID.pack(e.file_id)
-        pos = positions.get(e.parent_id, 0)
-        dent = child + _POS_ONLY.pack(pos)
-        if not txn.put(_ID.pack(e.parent_id) + e.name, dent, overwrite=False, db=self._dent):
-            raise wire.WireError(f"name {e.name[:40]!r} listed twice in {e.parent_id:x}")
-        positions[e.parent_id] = pos + 1
-        txn.put(_POS.pack(e.parent_id, pos), child + e.name, db=self._dpos)
 
     def apply_changes(self, compressed: bytes) -> Applied:
         """Apply a changes answer from the hub (blocking; run in a thread).
@@ -372,27 +446,88 @@ class Namespace:
                     continue
                 yield pos + 1, value[8:], self._decode(fid, raw)
 
+    def readdir_rows(self, dir_ino: int, start: int) -> Iterator[DirRow]:
+        """What ``readdir`` yields, as plain tuples: ``(position + 1, name, inode, mode,
+        size, mtime_ns, nlink)``, ``size`` being a symlink's target length for a symlink.
+
+        The hot path of ``find`` over a large tree: no object per entry. Same transaction
+        rule as ``readdir``.
+        """
+        parent = self.file_id(dir_ino)
+        root = self._root_id()
+        unpack_key, unpack_attr = _POS.unpack, _ATTR.unpack_from
+        fixed = _ATTR.size
+        with self._env.begin() as txn:
+            cur = txn.cursor(db=self._dpos)
+            if not cur.set_range(_POS.pack(parent, start)):
+                return
+            get, attr_db = txn.get, self._attr
+            for key, value in cur:
+                pid, pos = unpack_key(key)
+                if pid != parent:
+                    return
+                child = value[:8]
+                raw = get(child, db=attr_db)
+                if raw is None:
+                    continue
+                mode, size, mtime_ns, nlink, _, _ = unpack_attr(raw)
+                if mode & 0o170000 == stat.S_IFLNK:
+                    size = len(raw) - fixed
+                fid = _ID.unpack(child)[0]
+                yield pos + 1, value[8:], ROOT_INODE if fid == root else fid, mode, size, \
+                    mtime_ns, nlink
+
     def dir_files(self, dir_id: int) -> list[tuple[int, int, int]]:
         """``(file_id, version, size)`` of the regular files in a directory (by file id).
 
         Blocking for a large directory: callers run it in a thread.
         """
-        return [
-            (a.file_id, a.version, a.size)
-            for _, _, a in self.readdir(self.inode(dir_id), 0)
-            if stat.S_ISREG(a.mode)
-        ]
+        return [(fid, version, size) for fid, mode, size, version in self._children(dir_id)
+                if mode & 0o170000 == stat.S_IFREG]
+
+    def subdirs(self, dir_id: int) -> list[int]:
+        """Ids of the subdirectories of a directory (by file id). Blocking for a large
+        directory: callers run it in a thread."""
+        return [fid for fid, mode, _, _ in self._children(dir_id)
+                if mode & 0o170000 == stat.S_IFDIR]
+
+    def parent_of(self, dir_id: int) -> int:
+        """The id of the directory that lists ``dir_id`` first; 0 for the export root.
+
+        Raises:
+            NotFound: no such id.
+        """
+        if dir_id == self._root_id():
+            return 0
+        return self.getattr(self.inode(dir_id)).parent_id
 
     def sibling_dirs(self, dir_id: int) -> tuple[int, list[int]]:
         """``(parent id, ids of the parent's other subdirectories)`` of a directory; the
         export root has none. Blocking for a large directory: callers run it in a thread."""
-        if dir_id == self._root_id():
+        parent = self.parent_of(dir_id)
+        if not parent:
             return 0, []
-        parent = self.getattr(self.inode(dir_id)).parent_id
-        return parent, [
-            a.file_id for _, _, a in self.readdir(self.inode(parent), 0)
-            if stat.S_ISDIR(a.mode) and a.file_id != dir_id
-        ]
+        return parent, [d for d in self.subdirs(parent) if d != dir_id]
+
+    def _children(self, dir_id: int) -> list[tuple[int, int, int, int]]:
+        """``(file_id, mode, size, version)`` of every entry of a directory, in position
+        order; one read transaction, no object per entry but the tuple."""
+        prefix = _ID.pack(dir_id)
+        unpack_attr = _ATTR.unpack_from
+        out = []
+        with self._env.begin() as txn:
+            cur = txn.cursor(db=self._dpos)
+            if not cur.set_range(prefix):
+                return out
+            get, attr_db = txn.get, self._attr
+            for key, value in cur:
+                if key[:8] != prefix:
+                    break
+                raw = get(value[:8], db=attr_db)
+                if raw is not None:
+                    mode, size, _, _, version, _ = unpack_attr(raw)
+                    out.append((_ID.unpack_from(value)[0], mode, size, version))
+        return out
 
     def _decode(self, fid: int, raw: bytes) -> Attr:
         mode, size, mtime_ns, nlink, version, parent = _ATTR.unpack_from(raw)

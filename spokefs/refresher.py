@@ -1,16 +1,22 @@
 """Keeps the replicated namespace in step with the hub.
 
-At mount (``replicate``): a cache dir that already holds a namespace is brought up to date
-with the changes since its generation (cheap), or with a full snapshot when the hub no longer
-has them (410) or they do not apply; if the hub cannot be reached, the stored namespace is
-mounted as it is (metadata and cached blocks work offline) and polling catches up later.
-A cache dir without a namespace needs the hub.
+At mount (``replicate``): a cache dir that already holds a namespace is mounted as it is, at
+once, without asking the hub anything: a remount browses as fast with the hub up, slow or
+down. The first poll of ``run`` then *catches up* in the background with the changes since
+the stored generation (a full snapshot when the hub no longer has them, 410, or they do not
+apply); until it has, the mount serves the stored generation, and a catch-up that fails is
+retried every ``CATCH_UP_RETRY_S`` (at most ``refresh_interval_s``) until one succeeds. A
+cache dir without a namespace needs the hub: the snapshot is loaded before the mount.
 
 While mounted (``run``): polls ``/v1/changes`` every ``refresh_interval_s`` and whenever
-``trigger`` is called (``spokefs refresh``). After each applied batch the kernel is told to
-forget the names and inodes that changed (``pyfuse3.invalidate_*``), so the long entry and
-attribute timeouts never show stale metadata, and pages cached under ``keep_cache`` are
-dropped for files whose bytes changed. Open handles keep reading the version they opened.
+``trigger`` is called (``spokefs refresh``). After each applied batch, the catch-up
+included, the kernel is told to forget the names and inodes that changed
+(``pyfuse3.invalidate_*``), so the long entry and attribute timeouts never show stale
+metadata, and pages cached under ``keep_cache`` are dropped for files whose bytes changed.
+Open handles keep reading the version they opened.
+
+Log lines a remount leaves: ``mounting the stored namespace`` at once, then ``caught up
+with the hub`` (or ``catch-up failed ... retrying``) once the hub answered.
 """
 
 from __future__ import annotations
@@ -30,6 +36,10 @@ from spokefs.namespace import Applied, Namespace, NamespaceInfo
 
 log = logging.getLogger(__name__)
 
+# Seconds between tries of a catch-up that failed (the hub was down at the remount): sooner
+# than the default 60 s poll, so a mount made during an outage is current soon after it.
+CATCH_UP_RETRY_S = 10.0
+
 
 class Refresher:
     """Replication of the hub's namespace into ``Namespace``, at mount and while mounted."""
@@ -42,22 +52,33 @@ class Refresher:
         self._wake = trio.Event()
         self._done = trio.Event()
         self._last_error: Exception | None = None
+        self._catching_up = False  # a stored namespace was mounted: poll at once
         self.mounted = False  # the kernel knows our inodes only once mounted
 
     # -- at mount ---------------------------------------------------------------------
 
+    @property
+    def has_namespace(self) -> bool:
+        """Whether a stored namespace can be mounted without the hub."""
+        return self._ns.info is not None
+
     async def replicate(self) -> NamespaceInfo:
-        """Bring the namespace up to date before mounting; raises UserError if impossible."""
+        """The namespace to mount: the stored one at once (``run`` catches up after the
+        mount), or else a snapshot from the hub.
+
+        Raises:
+            UserError: no stored namespace, and the hub cannot be reached or sent a bad one.
+        """
+        stored = self._ns.info
+        if stored is not None:
+            log.info("mounting the stored namespace: entries=%d generation=%d; catching up "
+                     "with the hub after the mount", stored.entries, stored.generation)
+            self._catching_up = True
+            _publish(stored)
+            return stored
         started = time.monotonic()
         try:
-            if self._ns.info is not None:
-                try:
-                    await self._update(self._mount_deadline_s)
-                except HubUnavailable as exc:
-                    log.warning("hub unreachable (%s): mounting the stored namespace of "
-                                "generation %d", exc.__cause__, self._ns.info.generation)
-            else:
-                await self._full(self._mount_deadline_s)
+            await self._full(self._mount_deadline_s)
         except HubUnavailable as exc:
             raise UserError(
                 f"cannot reach the hub at {self._hub.base_url}: {exc.__cause__}"
@@ -94,21 +115,48 @@ class Refresher:
         return self._ns.info.generation if self._ns.info else 0
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Poll until cancelled: at once while catching up, then every interval."""
         task_status.started()
         while True:
-            with trio.move_on_after(self._interval_s if self._interval_s > 0 else float("inf")):
-                await self._wake.wait()
+            if not self._catching_up:
+                with trio.move_on_after(self._wait_s()):
+                    await self._wake.wait()
             self._wake = trio.Event()
             self._last_error = None
             try:
-                await self._update(None)
+                await self._poll()
             except (HubUnavailable, HubProtocolError, wire.WireError) as exc:
                 self._last_error = exc
                 metrics.REFRESH_ERRORS.inc()
-                log.warning("namespace refresh failed: %s", exc)
+                self._log_failure(exc)
             finally:
                 done, self._done = self._done, trio.Event()
                 done.set()
+            if self._catching_up:  # it failed: try again soon, or at once when triggered
+                with trio.move_on_after(min(CATCH_UP_RETRY_S, self._wait_s())):
+                    await self._wake.wait()
+
+    def _wait_s(self) -> float:
+        return self._interval_s if self._interval_s > 0 else float("inf")
+
+    async def _poll(self) -> None:
+        before = self._ns.info
+        await self._update(None)
+        if self._catching_up:
+            self._catching_up = False
+            after = self._ns.info
+            assert before is not None and after is not None
+            log.info("caught up with the hub: generation %d -> %d, entries=%d",
+                     before.generation, after.generation, after.entries)
+
+    def _log_failure(self, exc: Exception) -> None:
+        if not self._catching_up:
+            log.warning("namespace refresh failed: %s", exc)
+            return
+        info = self._ns.info
+        log.warning("catch-up with the hub failed (%s): serving the stored namespace of "
+                    "generation %d, retrying in %.0f s", exc, info.generation if info else 0,
+                    min(CATCH_UP_RETRY_S, self._wait_s()))
 
     # -- the work ---------------------------------------------------------------------
 
@@ -143,9 +191,7 @@ class Refresher:
         await self._forget(applied)
 
     async def _forget(self, applied: Applied) -> None:
-        metrics.NAMESPACE_ENTRIES.set(applied.info.entries)
-        metrics.NAMESPACE_GENERATION.set(applied.info.generation)
-        metrics.NAMESPACE_BYTES.set(applied.info.total_bytes)
+        _publish(applied.info)
         if not self.mounted:
             return
         for parent, name in applied.names:
@@ -154,6 +200,12 @@ class Refresher:
             # a synchronous write to /dev/fuse that may wait on the kernel's page locks
             # (held by a read we are serving): never on the trio thread
             await trio.to_thread.run_sync(_forget_inodes, applied.inodes)
+
+
+def _publish(info: NamespaceInfo) -> None:
+    metrics.NAMESPACE_ENTRIES.set(info.entries)
+    metrics.NAMESPACE_GENERATION.set(info.generation)
+    metrics.NAMESPACE_BYTES.set(info.total_bytes)
 
 
 def _forget_inodes(inodes: list[int]) -> None:

@@ -145,3 +145,63 @@ def test_changes_from_another_generation_are_rejected(tmp_path):
         ns.apply_changes(changes(6, 8, [wire.encode_remove(ROOT, b"a\nb")]))
     assert ns.lookup(ROOT_INODE, b"a\nb").ino == 0x300
     ns.close()
+
+
+@pytest.mark.parametrize("step", [7, 4096, 1 << 20])
+def test_bulk_load_in_any_step_size_gives_the_same_namespace(tmp_path, monkeypatch, step):
+    from spokefs import namespace
+    monkeypatch.setattr(namespace._BulkLoader, "_STEP", step)
+    ns = Namespace(tmp_path)
+    info = ns.load_snapshot(wire.encode_snapshot(7, ROOT, tree()))
+    assert (info.entries, info.total_bytes) == (505, 5 + 5 + 6 + sum(range(500)))  # per name
+    sub = ns.lookup(ROOT_INODE, b"sub dir")
+    assert [n for _, n, _ in ns.readdir(sub.ino, 0)][:3] == [b"hardlink", b"\xff\xfe", b"f00000"]
+    assert ns.getattr(0x300).parent_id == ROOT  # a hard link: the first entry's attributes
+
+
+def test_a_name_twice_across_load_steps_is_rejected(tmp_path, monkeypatch):
+    from spokefs import namespace
+    monkeypatch.setattr(namespace._BulkLoader, "_STEP", 5)
+    ns = Namespace(tmp_path)
+    twice = [*tree(), Entry(0x9000, 0x200, REG, 1, 1, 1, 1, b"f00003")]
+    with pytest.raises(wire.WireError, match="listed twice"):
+        ns.load_snapshot(wire.encode_snapshot(7, ROOT, twice))
+    assert ns.info is None
+
+
+def test_readdir_rows_match_readdir(tmp_path):
+    ns = Namespace(tmp_path)
+    ns.load_snapshot(wire.encode_snapshot(7, ROOT, tree()))
+    for ino in (ROOT_INODE, 0x200):
+        rows = list(ns.readdir_rows(ino, 0))
+        want = [
+            (pos, name, a.ino, a.mode, len(a.target) if stat.S_ISLNK(a.mode) else a.size,
+             a.mtime_ns, a.nlink)
+            for pos, name, a in ns.readdir(ino, 0)
+        ]
+        assert rows == want and rows
+        assert list(ns.readdir_rows(ino, rows[-1][0])) == []
+    assert list(ns.readdir_rows(0x200, 100)) == list(ns.readdir_rows(0x200, 0))[100:]
+
+
+def test_subdirs_parent_and_siblings(tmp_path):
+    ns = Namespace(tmp_path)
+    ns.load_snapshot(wire.encode_snapshot(7, ROOT, [*tree(), Entry(0x600, ROOT, DIR, 0, 1, 2, 0,
+                                                                   b"other")]))
+    assert ns.subdirs(ROOT) == [0x200, 0x600]
+    assert (ns.parent_of(ROOT), ns.parent_of(0x600)) == (0, ROOT)
+    assert ns.sibling_dirs(0x200) == (ROOT, [0x600])
+    assert ns.sibling_dirs(ROOT) == (0, [])
+    assert sorted(ns.dir_files(0x200))[:2] == [(0x300, 0xAA, 5), (0x1000, 0, 0)]
+
+
+async def test_dir_lister_keeps_a_parents_subdirs_per_generation(tmp_path):
+    from spokefs.mount import _DirLister
+    ns = Namespace(tmp_path)
+    ns.load_snapshot(wire.encode_snapshot(7, ROOT, tree()))
+    lister = _DirLister(ns)
+    assert await lister.siblings(0x200) == (ROOT, [0x200])  # the whole list, itself included
+    assert await lister.siblings(ROOT) == (0, [])
+    extra = Entry(0x600, ROOT, DIR, 0, 1, 2, 0, b"other")
+    ns.load_snapshot(wire.encode_snapshot(8, ROOT, [*tree(), extra]))  # a new generation
+    assert await lister.siblings(0x200) == (ROOT, [0x200, 0x600])
