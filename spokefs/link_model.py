@@ -62,7 +62,6 @@ class LinkModel:
         self._best_limit = initial
         self._hold = 0
         self._starting = True
-        self.peak_rate_bps = 0.0  # the best recent delivery rate, decaying slowly
         self.last = LinkEstimate(0.0, 0.0, initial)
 
     def record(self, nbytes: int, seconds: float) -> None:
@@ -78,7 +77,6 @@ class LinkModel:
         if elapsed < max(_MIN_INTERVAL_S, (1 if self._starting else 2) * latency):
             return self.last
         rate = self._bytes / elapsed
-        self.peak_rate_bps = max(rate, self.peak_rate_bps * _DECAY)
         self._bytes = 0
         self._interval_start = now
         if work_waiting:
