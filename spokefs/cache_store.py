@@ -145,10 +145,7 @@ class ChunkStore:
                 lo = max(first, ci * CHUNK_BLOCKS)
                 hi = min(last, ci * CHUNK_BLOCKS + CHUNK_BLOCKS - 1)
                 try:
-                    head = self._get_head(txn, key)
-                    value = None if head is None else txn.get(key, db=self._data)
-                    if head is not None and value is None:
-                        raise BadHead("a header without data")
+                    head, value = self._stored(txn, key)
                 except BadHead:
                     corrupt.extend(range(lo, hi + 1))  # the drop removes the whole chunk
                     seen.append((key, None))
@@ -220,10 +217,7 @@ class ChunkStore:
         lo, hi = a // BLOCK_SIZE, (b - 1) // BLOCK_SIZE
         base_block = KEY.unpack(key)[2] * CHUNK_BLOCKS
         try:
-            head = self._get_head(txn, key)
-            value = None if head is None else txn.get(key, db=self._data)
-            if head is not None and value is None:
-                raise BadHead("a header without data")
+            head, value = self._stored(txn, key)
         except BadHead:
             res.corrupt.extend(range(base_block + lo, base_block + hi + 1))
             res.seen.append((key, None))
@@ -245,6 +239,17 @@ class ChunkStore:
         da = rank_lo * BLOCK_SIZE + a - lo * BLOCK_SIZE
         res.by_origin[min(head.origin, len(ORIGINS) - 1)] += hi - lo + 1
         return _span(view, head.tail, da, da + b - a)
+
+    def _stored(
+        self, txn: lmdb.Transaction, key: bytes
+    ) -> tuple[ChunkHead | None, memoryview | bytes | None]:
+        """A chunk's header and data value, (None, None) if absent; raises BadHead if the
+        header cannot be decoded or has no data."""
+        head = self._get_head(txn, key)
+        value = None if head is None else txn.get(key, db=self._data)
+        if head is not None and value is None:
+            raise BadHead("a header without data")
+        return head, value
 
     def _get_head(self, txn: lmdb.Transaction, key: bytes) -> ChunkHead | None:
         """The chunk's header, None if absent; raises BadHead if it cannot be decoded."""
