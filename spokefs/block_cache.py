@@ -64,9 +64,10 @@ run inline:** a read (``read``, ``present_chunks_now``, ``has_file``) is one sho
 transaction on the trio thread, because a ``trio.to_thread`` hop costs ~300 us on this 2-core
 machine, more than the read itself (measured with the page cache dropped, cached 111 KiB files
 read through LMDB with their checksums: 1,355 files/s through a thread, 3,551 inline); the
-environment is opened with read-ahead, so a chunk's pages come in one disk read. Writes (fills, promotions, drops) run in a worker thread through a
-limiter of 1; header-only scans of many files (``cached_bytes``, ``complete_files``) through a
-limiter of 8. Nothing is awaited while a transaction is open.
+environment is opened with read-ahead, so a chunk's pages come in one disk read. Writes
+(fills, promotions, drops) run in a worker thread through a limiter of 1, by the writer task
+(see "Write-behind"); header-only scans of many files (``cached_bytes``, ``complete_files``)
+through a limiter of 8, and reads of bytes that are not in RAM (``read_on_disk``) too. Nothing is awaited while a transaction is open.
 
 **Write-behind.** Fetched blocks are *staged* (``stage``): kept in memory, visible to every
 read at once, and stored by the writer task (``run``) in one transaction per batch (all
@@ -435,6 +436,8 @@ class BlockCache:
             return _all_missing(offset, end)
         if record:
             self._record_visits(res.seen, offset // BLOCK_SIZE, (end - 1) // BLOCK_SIZE)
+            if len(self._clock.promote) >= _PROMOTE_BATCH:
+                self._wake_writer()  # the writer stores them: no write transaction in a read
         if res.corrupt:
             log.warning("dropping %d cached blocks of file %x that failed their checksum",
                         len(res.corrupt), file_id)
@@ -494,11 +497,6 @@ class BlockCache:
             self._queue.append((key, item))
             self._staged_bytes += len(piece)
         self._wake_writer()
-
-    @property
-    def staged_bytes(self) -> int:
-        """Bytes handed to the writer and not yet stored (or dropped)."""
-        return self._staged_bytes
 
     async def wait_room(self) -> None:
         """Wait while the writer is far behind (background fills call this; reads never)."""

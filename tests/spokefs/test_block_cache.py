@@ -507,3 +507,22 @@ async def test_an_older_layout_is_dropped(tmp_path):
     with cache._store._env.begin() as txn:
         assert txn.get(b"chunks") is None and txn.get(b"fifo") is None
     cache.close()
+
+
+async def test_reads_promote_through_the_writer(tmp_path):
+    # a re-read chunk moves to the protected segment, written by the writer task, not the read
+    cache = BlockCache(tmp_path, 64 << 20)
+    data = os.urandom(300 * CHUNK_SIZE)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        cache.stage(1, 1, [(0, data)])
+        await cache.flush()
+        for _ in range(2):  # the second pass re-uses every chunk
+            for ci in range(300):
+                got = cache.read(1, 1, ci * CHUNK_SIZE, (ci + 1) * CHUNK_SIZE)
+                assert got.data == data[ci * CHUNK_SIZE : (ci + 1) * CHUNK_SIZE]
+        with trio.fail_after(10):
+            while cache.statistics().protected_chunks < 256:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    cache.close()
