@@ -79,8 +79,8 @@ _MIN_INFLIGHT_BYTES = 8 << 20
 _MIN_PACK_BYTES = 256 << 10
 _PACK_FILES = 1024  # hubd's limit is 4096 per pack
 _MIN_WARM, _MAX_WARM = 4, 32  # 32 x a 4 MiB window per 900 ms carry ~150 MB/s
-_RECLAIM_SCAN = 256
-_CACHED_STREAK = 4  # sibling directories found cached whole before siblings are left alone  # unread files checked for eviction when the budget is spent
+_RECLAIM_SCAN = 256  # unread files checked for eviction when the budget is spent
+_CACHED_STREAK = 4  # sibling directories found cached whole before siblings are left alone
 
 
 class DirLister(Protocol):
@@ -180,11 +180,6 @@ class DirFiller:
         except trio.WouldBlock:
             metrics.PREFETCH_DROPPED_HINTS.inc()
             self._dirs.pop(dir_id, None)  # so that a later event tries again
-
-    def statistics(self) -> dict[str, int]:
-        return {"queued_files": len(self._queue) + len(self._later),
-                "inflight_bytes": self._inflight_bytes,
-                "unread_bytes": self._unread_bytes}
 
     # -- background work --------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import time
 import trio
 
 from spokefs import metrics
-from spokefs.block_cache import ORIGINS, CacheStats
+from spokefs.block_cache import ORIGINS, CacheStats, ReadResult
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS
 from spokefs.errors import HubUnavailable
 from spokefs.fetcher import Fetcher
@@ -76,9 +76,7 @@ class Reader:
         if self._prefetcher is not None:
             self._prefetcher.on_read(stream, offset, size)
         started = time.monotonic()
-        found = self._cache.read(fv.file_id, fv.version, offset, end)
-        if found.on_disk:
-            found = await self._cache.read_on_disk(fv.file_id, fv.version, offset, end)
+        found = await self._look(fv, offset, end, record=True)
         data = found.data
         if data is None:
             if self._prefetcher is not None:
@@ -89,6 +87,15 @@ class Reader:
         _account(len(data), found.by_origin, last - first + 1, len(found.missing),
                  time.monotonic() - started)
         return data
+
+    async def _look(self, fv: FileVersion, offset: int, end: int, *, record: bool) -> ReadResult:
+        """The cache's answer for ``[offset, end)``: inline, or from a worker thread when the
+        bytes are on disk (``record``: count it as a visit, see ``BlockCache.read``)."""
+        found = self._cache.read(fv.file_id, fv.version, offset, end, record=record)
+        if found.on_disk:
+            found = await self._cache.read_on_disk(fv.file_id, fv.version, offset, end,
+                                                   record=record)
+        return found
 
     async def _fill_within_deadline(
         self, fv: FileVersion, offset: int, end: int, missing: list[int]
@@ -112,10 +119,7 @@ class Reader:
             missing = sorted(wanted)
         while True:
             await self._fetcher.demand(fv, missing)
-            found = self._cache.read(fv.file_id, fv.version, offset, end, record=False)
-            if found.on_disk:
-                found = await self._cache.read_on_disk(fv.file_id, fv.version, offset, end,
-                                                       record=False)
+            found = await self._look(fv, offset, end, record=False)
             if found.data is not None:
                 return found.data
             missing = found.missing  # others' fetches failed, or the cache let them go
