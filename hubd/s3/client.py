@@ -253,7 +253,8 @@ class S3Client:
         return base + path + (f"?{query}" if query else "")
 
     async def list_page(self, bucket: str, prefix: str, *, delimiter: str = "",
-                        token: str | None = None, max_keys: int = 1000) -> ListPage:
+                        token: str | None = None, start_after: str | None = None,
+                        max_keys: int = 1000) -> ListPage:
         """One page of ListObjectsV2 (``max_keys`` at most 1,000: S3's own cap).
 
         Raises:
@@ -265,6 +266,8 @@ class S3Client:
             params.append(("delimiter", delimiter))
         if token is not None:
             params.append(("continuation-token", token))
+        if start_after is not None:
+            params.append(("start-after", start_after))
         query = "&".join(f"{uri_encode(k, keep_slash=False)}={uri_encode(v, keep_slash=False)}"
                          for k, v in params)
         _, _, body = await self._request("GET", self.url(bucket, query=query), {}, (200,),
