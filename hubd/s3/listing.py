@@ -50,7 +50,7 @@ class Listing:
     Attributes:
         objects: in no particular order.
         pages: LIST requests answered (split levels included).
-        streams: directories listed in parallel (1 for a flat listing).
+        streams: listings run at once at the widest step (1 for a flat listing).
         seconds: wall time of the whole listing.
     """
 
@@ -77,12 +77,15 @@ async def _all_pages(client: S3Client, bucket: str, prefix: str, delimiter: str 
 
 
 async def _split(client: S3Client, bucket: str, prefix: str,
-                 workers: int) -> tuple[list[ObjectInfo], list[str]] | None:
-    """The objects of the split levels and the directories left to list; None: go flat."""
+                 workers: int) -> tuple[list[ObjectInfo], list[str], int] | None:
+    """The objects of the split levels, the directories left to list, and the widest
+    split level; None: go flat."""
     objects, dirs = await _all_pages(client, bucket, prefix, "/", MAX_SPLIT_PREFIXES)
+    width = 1
     for _ in range(MAX_SPLIT_DEPTH - 1):
         if len(dirs) >= workers or not dirs:
             break
+        width = max(width, len(dirs))
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(_all_pages(client, bucket, d, "/", MAX_SPLIT_PREFIXES))
                      for d in dirs]
@@ -93,7 +96,7 @@ async def _split(client: S3Client, bucket: str, prefix: str,
             dirs += level_dirs
     if len(dirs) > MAX_SPLIT_PREFIXES:
         return None
-    return objects, dirs
+    return objects, dirs, width
 
 
 async def list_objects(client: S3Client, bucket: str, prefix: str,
@@ -110,7 +113,7 @@ async def list_objects(client: S3Client, bucket: str, prefix: str,
         objects, _ = await _all_pages(client, bucket, prefix)
         streams = 1
     else:
-        objects, dirs = split
+        objects, dirs, width = split
         slots = asyncio.Semaphore(workers)
 
         async def one(d: str) -> list[ObjectInfo]:
@@ -121,6 +124,6 @@ async def list_objects(client: S3Client, bucket: str, prefix: str,
             tasks = [group.create_task(one(d)) for d in dirs]
         for task in tasks:
             objects += task.result()
-        streams = len(dirs)
+        streams = max(width, min(len(dirs), workers))
     return Listing(objects, client.stats.list_pages - pages_before, streams,
                    time.perf_counter() - start)
