@@ -94,8 +94,8 @@ def main() -> int:
                     add(f"{mode}_pages_per_s", listing.pages / listing.seconds)
                     add(f"{mode}_cpu_s", cpu)
                 cpu0, t0 = cpu_s(), time.perf_counter()
-                builder, root_id, _ = build_tree(BUCKET, "", listing.objects)
-                builder.build(root_id).encode(1, 6)
+                tree = build_tree(BUCKET, "", listing.objects)
+                tree.table.build(tree.root_id).encode(1, 6)
                 add("tree_seconds", time.perf_counter() - t0)
                 add("tree_cpu_s", cpu_s() - cpu0)
                 print(f"run {run + 1}: flat {figures['flat_seconds'].samples[-1]:.2f} s, "

@@ -29,6 +29,8 @@ from hubd.errors import HubError, InternalError, MethodNotAllowed, RouteNotFound
 from hubd.export_root import ExportRoot
 from hubd.metrics import METRICS, HubMetrics, metrics_handler
 from hubd.range_reader import RangeReader
+from hubd.s3.bucket import BucketExport
+from hubd.s3.reader import BucketReader
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +39,15 @@ Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({wire.HEALTH_PATH, wire.METRICS_PATH})
 
 
-def make_app(cfg: HubConfig, export: ExportRoot, metrics: HubMetrics) -> web.Application:
+def make_app(cfg: HubConfig, export: ExportRoot | BucketExport,
+             metrics: HubMetrics) -> web.Application:
     """The hubd application; ``export`` must already hold a snapshot."""
     middlewares: list[Middleware] = [_metrics_middleware, _error_middleware]
     if cfg.token is not None:
         middlewares.append(_auth_middleware(cfg.token))
     app = web.Application(middlewares=middlewares)
     app[routes.CONFIG] = cfg
-    app[routes.EXPORT] = export
+    app[routes.EXPORT] = export  # type: ignore[assignment]  # a bucket duck-types ExportRoot
     app[METRICS] = metrics
     app.cleanup_ctx.append(_reader_ctx)
     app.cleanup_ctx.append(_feed_ctx)
@@ -60,7 +63,9 @@ def make_app(cfg: HubConfig, export: ExportRoot, metrics: HubMetrics) -> web.App
 
 async def _reader_ctx(app: web.Application) -> AsyncIterator[None]:
     cfg = app[routes.CONFIG]
-    reader = RangeReader(app[routes.EXPORT], cfg.max_concurrent_reads, cfg.read_wait_s)
+    export = app[routes.EXPORT]
+    reader_type = BucketReader if isinstance(export, BucketExport) else RangeReader
+    reader = reader_type(export, cfg.max_concurrent_reads, cfg.read_wait_s)  # type: ignore[arg-type]
     app[routes.READER] = reader
     app[METRICS].reads_in_flight.set_function(lambda: reader.in_flight)
     yield

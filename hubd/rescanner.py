@@ -18,9 +18,14 @@ import ctypes
 import ctypes.util
 import logging
 import threading
+from typing import TYPE_CHECKING
 
 from hubd.export_root import ExportRoot, ScanCancelled
 from hubd.metrics import HubMetrics
+from hubd.s3.errors import S3Error
+
+if TYPE_CHECKING:
+    from hubd.s3.bucket import BucketExport
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +37,7 @@ class Rescanner:
         wake: set by ``request()`` (the SIGHUP handler) to rescan now.
     """
 
-    def __init__(self, export: ExportRoot, metrics: HubMetrics, interval_s: float,
+    def __init__(self, export: ExportRoot | BucketExport, metrics: HubMetrics, interval_s: float,
                  wake: asyncio.Event | None = None) -> None:
         self._export = export
         self._metrics = metrics
@@ -74,6 +79,11 @@ class Rescanner:
         except OSError as exc:
             log.warning("rescan of %s failed: %s (the previous snapshot stays)",
                         self._export.root, exc.strerror)
+            self._metrics.observe_rescan(None)
+            return
+        except S3Error as exc:  # a bucket's listing, after the client's own retries
+            log.warning("listing of %s failed: %s (the previous snapshot stays)",
+                        self._export.root, exc)
             self._metrics.observe_rescan(None)
             return
         except Exception:

@@ -36,6 +36,7 @@ from urllib.parse import unquote_plus, urlsplit
 import aiohttp
 from yarl import URL
 
+from hubd.s3.config import S3Config
 from hubd.s3.errors import (
     AccessDenied,
     BadS3Answer,
@@ -49,47 +50,11 @@ from hubd.s3.sigv4 import EMPTY_SHA256, Credentials, host_header, sign, uri_enco
 
 log = logging.getLogger(__name__)
 
-MIB = 1024 * 1024
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _DENIED_CODES = frozenset({"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch",
                            "InvalidToken", "ExpiredToken", "TokenRefreshRequired",
                            "AllAccessDisabled", "InvalidSecurity", "RequestTimeTooSkewed"})
-
-
-@dataclass(frozen=True, slots=True)
-class S3Config:
-    """How to reach one S3 endpoint.
-
-    Attributes:
-        endpoint: ``http(s)://host[:port]`` (no path), e.g. ``https://s3.eu-west-1.amazonaws.com``.
-        region: the signing region (``us-east-1`` for most S3-compatible servers).
-        virtual_hosted: address buckets as ``BUCKET.host`` instead of ``host/BUCKET``
-            (path style, the default: every S3-compatible server takes it, and AWS does).
-        deadline_s: one request, all its retries included, must end within this long.
-            20 s: the hub's own answer to a spoke must come before the spoke's 30 s
-            request timeout, so the spoke gets a 503 it retries rather than a timeout.
-        connect_timeout_s, read_timeout_s: one attempt's connect, and its longest silence
-            while reading; an attempt stuck longer is abandoned and retried.
-        retry_base_s, retry_cap_s: the backoff (see the module docstring). 50 ms doubles to
-            the 2 s cap in 6 attempts: ~10 attempts fit a 20 s deadline.
-        max_connections: the pool's size; every hub read holds at most one connection per
-            part, so this bounds parallel GETs (and SlowDown risk) per hub.
-        part_bytes: a range longer than this is fetched as parallel parts of this size.
-            8 MiB: AWS's guidance for parallel ranged GETs is 8-16 MiB per part, and a hub
-            range is at most 16 MiB, so a full-size range takes two connections.
-    """
-
-    endpoint: str
-    region: str = "us-east-1"
-    virtual_hosted: bool = False
-    deadline_s: float = 20.0
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 10.0
-    retry_base_s: float = 0.05
-    retry_cap_s: float = 2.0
-    max_connections: int = 64
-    part_bytes: int = 8 * MIB
 
 
 @dataclass(frozen=True, slots=True)

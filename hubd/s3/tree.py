@@ -100,6 +100,24 @@ class TreeStats:
         self.examples.setdefault(reason, key)
 
 
+@dataclass(slots=True)
+class Tree:
+    """What ``build_tree`` returns.
+
+    Attributes:
+        table: the entries (``TableBuilder.build(root_id)`` makes the snapshot table).
+        root_id: the export root's id.
+        stats: counts and skipped keys.
+        etags: file id -> the ETag of the object listed under it (what reads send in
+            ``If-Match``).
+    """
+
+    table: TableBuilder
+    root_id: int
+    stats: TreeStats
+    etags: dict[int, str]
+
+
 def export_prefix(prefix: str) -> str:
     """The normalised export prefix: "" for the whole bucket, else ending with ``/``."""
     prefix = prefix.strip("/")
@@ -144,6 +162,7 @@ class _Emitter:
         self.summary = summary
         self.table = TableBuilder()
         self.seen: set[int] = set()
+        self.etags: dict[int, str] = {}
 
     def add_dir(self, dir_id: int, parent_id: int, name: str, node: Node) -> None:
         mtime, subdirs = self.summary[id(node)]
@@ -156,6 +175,7 @@ class _Emitter:
         self.table.add(wire.Entry(file_id, parent_id, FILE_MODE, obj.size, obj.mtime_ns, 1,
                                   object_version(obj.etag, obj.size), name.encode(), b""),
                        0, file_id)
+        self.etags[file_id] = obj.etag
         self.stats.files += 1
 
     def new_id(self, key: str, shown: str) -> int | None:
@@ -167,9 +187,8 @@ class _Emitter:
         return file_id
 
 
-def build_tree(bucket: str, prefix: str,
-               objects: Iterable[ObjectInfo]) -> tuple[TableBuilder, int, TreeStats]:
-    """The namespace of ``objects`` (keys under ``prefix``): ``(table, root id, stats)``.
+def build_tree(bucket: str, prefix: str, objects: Iterable[ObjectInfo]) -> Tree:
+    """The namespace of ``objects`` (keys under ``prefix``).
 
     Args:
         prefix: the export prefix as ``export_prefix`` returns it ("" or ending in ``/``).
@@ -210,4 +229,4 @@ def build_tree(bucket: str, prefix: str,
                 if child_id is not None:
                     emit.add_file(child_id, dir_id, name, child)
         stack.extend(reversed(subdirs))
-    return emit.table, root_id, stats
+    return Tree(emit.table, root_id, stats, emit.etags)

@@ -77,9 +77,10 @@ def test_bucket_to_tree(seaweed: SeaweedServer, bucket: str) -> None:
     put_many(seaweed, bucket, {k: k.encode() for k in LAYOUT})
     prefix = export_prefix("train")
     result = listed(seaweed, bucket, prefix, 8)
-    builder, root_id, stats = build_tree(bucket, prefix, result.objects)
+    tree = build_tree(bucket, prefix, result.objects)
+    stats = tree.stats
     decoder = wire.SnapshotDecoder()
-    names = sorted(e.name for e in decoder.feed(builder.build(root_id).encode(1, 1)))
+    names = sorted(e.name for e in decoder.feed(tree.table.build(tree.root_id).encode(1, 1)))
     decoder.finish()
     assert names == [b"", b"1", b"2", b"3", b"4", b"a", b"b"]
     assert stats.files == 4 and not stats.skipped

@@ -31,7 +31,8 @@ def obj(key: str, size: int = 1, etag: str = '"e"', mtime_ns: int = T0) -> Objec
 def decoded(objects: list[ObjectInfo], prefix: str = "",
             bucket: str = "bkt") -> tuple[dict[str, wire.Entry], int, object]:
     """Build, encode, decode with the spoke's decoder: {path: entry}, root id, stats."""
-    builder, root_id, stats = build_tree(bucket, prefix, objects)
+    tree = build_tree(bucket, prefix, objects)
+    builder, root_id, stats = tree.table, tree.root_id, tree.stats
     table = builder.build(root_id)
     decoder = wire.SnapshotDecoder()
     entries = list(decoder.feed(table.encode(1, 1)))
@@ -42,6 +43,7 @@ def decoded(objects: list[ObjectInfo], prefix: str = "",
         path = "" if e.parent_id == 0 else f"{paths[e.parent_id]}/{e.name.decode()}".lstrip("/")
         paths[e.file_id] = path
         out[path] = e
+    assert set(tree.etags) == {e.file_id for e in out.values() if stat.S_ISREG(e.mode)}
     return out, root_id, stats
 
 
@@ -134,9 +136,10 @@ def test_directory_mtime_is_the_newest_below() -> None:
 
 def test_same_listing_same_bytes_in_any_order() -> None:
     objects = [obj(f"d{i % 7}/s{i % 3}/f{i}", i, f'"{i}"', T0 + i) for i in range(500)]
-    one, r1, _ = build_tree("bkt", "", objects)
-    two, r2, _ = build_tree("bkt", "", list(reversed(objects)))
-    assert one.build(r1).records == two.build(r2).records
+    one = build_tree("bkt", "", objects)
+    two = build_tree("bkt", "", list(reversed(objects)))
+    assert one.table.build(one.root_id).records == two.table.build(two.root_id).records
+    assert one.etags == two.etags and len(one.etags) == 500
 
 
 _segment = st.sampled_from(["a", "b", "", ".", "..", "c d", "é", "x" * 256, "n\0"])
