@@ -143,3 +143,97 @@ def _post(hub: Hub, path: str, body: bytes) -> bytes:
         return data
     finally:
         conn.close()
+
+
+def changes_since(hub: Hub, generation: int) -> list[wire.Upsert | wire.Remove]:
+    answer = hub.request(f"{wire.CHANGES_PATH}?since={generation}")
+    assert answer.status == 200, answer.body
+    decoder = wire.ChangesDecoder()
+    records = list(decoder.feed(answer.body))
+    decoder.finish()
+    return records
+
+
+def test_replaced_deleted_and_new_objects(seaweed: SeaweedServer, bucket: str,
+                                          start_bucket_hub: Callable[..., Hub]) -> None:
+    put(seaweed, bucket, {"keep": b"same", "replace": b"old bytes", "delete": b"doomed"})
+    hub = start_bucket_hub(f"s3://{bucket}")
+    first, tree = tree_of(hub)
+    old = tree[b"replace"]
+    put(seaweed, bucket, {"replace": b"new bytes, longer", "added/file": b"fresh"})
+    seaweed.writer().delete_object(Bucket=bucket, Key="delete")
+    # the snapshot still names the old object: S3 refuses it (If-Match), never new bytes
+    answer = hub.request(wire.blob_path(old.file_id, old.version))
+    assert (answer.status, answer.header(wire.HEADER_ERROR)) == (412, "stale-version")
+    gone = tree[b"delete"]
+    answer = hub.request(wire.blob_path(gone.file_id, gone.version))
+    assert (answer.status, answer.header(wire.HEADER_ERROR)) == (404, "unknown-file")
+    # the 412 (and the 404) asked for a rescan: a new generation comes without SIGHUP
+    second = wait_generation(hub, first)
+    _, tree = tree_of(hub)
+    assert sorted(tree) == [b"", b"added", b"added/file", b"keep", b"replace"]
+    new = tree[b"replace"]
+    assert new.file_id == old.file_id and new.version != old.version
+    assert blob(hub, new) == (200, b"new bytes, longer")
+    records = changes_since(hub, first)
+    removes = {r.name for r in records if isinstance(r, wire.Remove)}
+    upserts = {r.entry.name for r in records if isinstance(r, wire.Upsert)}
+    assert removes == {b"delete"}
+    assert {b"replace", b"added", b"file"} <= upserts and b"keep" not in upserts
+    # SIGHUP with nothing changed: same generation
+    hub.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while "unchanged" not in hub.stderr() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "unchanged" in hub.stderr()
+    assert tree_of(hub)[0] == second
+
+
+@pytest.mark.parametrize(("env", "expect"), [
+    ({"AWS_SECRET_ACCESS_KEY": "wrong"}, "HTTP 403 SignatureDoesNotMatch"),
+    ({"AWS_ACCESS_KEY_ID": "NOSUCHKEY"}, "HTTP 403 InvalidAccessKeyId"),
+    ({"AWS_ACCESS_KEY_ID": ""}, "AWS_ACCESS_KEY_ID is not set"),
+])
+def test_bad_credentials_fail_at_start(seaweed: SeaweedServer, bucket: str, s3_env: None,
+                                       monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+                                       expect: str) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    done = run_hubd("serve", f"s3://{bucket}/x", "--listen", "127.0.0.1:0",
+                    "--s3-endpoint", seaweed.endpoint, timeout=60)
+    assert done.returncode == 1, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("hubd: error:")]
+    assert len(lines) == 1 and expect in lines[0], done.stderr
+    assert "Traceback" not in done.stderr and "wrong" not in lines[0]
+
+
+def test_missing_bucket_and_unreachable_endpoint(seaweed: SeaweedServer, s3_env: None) -> None:
+    done = run_hubd("serve", "s3://no-such-bucket-here", "--listen", "127.0.0.1:0",
+                    "--s3-endpoint", seaweed.endpoint, timeout=60)
+    assert done.returncode == 1 and "NoSuchBucket" in done.stderr.splitlines()[-1]
+    done = run_hubd("serve", "s3://bucket", "--listen", "127.0.0.1:0",
+                    "--s3-endpoint", "http://127.0.0.1:9", timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "no answer within" in done.stderr.splitlines()[-1]
+    assert "Traceback" not in done.stderr
+
+
+def test_server_down_then_back(own_seaweed: SeaweedServer, tmp_path: Path, s3_env: None) -> None:
+    own_seaweed.writer().create_bucket(Bucket="comeback")
+    put(own_seaweed, "comeback", {"f": b"durable bytes"})
+    hub = start_hub_process(b"s3://comeback", tmp_path / "hubd.err", "--s3-endpoint",
+                            own_seaweed.endpoint, "--rescan-interval", "0")
+    try:
+        _, tree = tree_of(hub)
+        entry = tree[b"f"]
+        own_seaweed.stop()
+        answer = hub.request(wire.blob_path(entry.file_id, entry.version))
+        assert (answer.status, answer.header(wire.HEADER_ERROR)) == (503, "read-failed")
+        assert answer.header("Retry-After") == "1"
+        own_seaweed.start()
+        assert blob(hub, entry) == (200, b"durable bytes")
+        err = hub.stderr()
+        assert err.count("failing, retrying") == 1 and err.count("reachable again") == 1
+        assert "Traceback" not in err
+    finally:
+        assert hub.stop() == 0, hub.stderr()
