@@ -13,7 +13,7 @@ import pytest
 import xxhash
 
 from hubd import wire
-from tests.helpers.seaweed import ACCESS_KEY, SECRET_KEY, SeaweedServer
+from tests.helpers.seaweed import SeaweedServer
 from tests.hubd.hubd_testlib import (
     Hub,
     decode_snapshot,
@@ -32,17 +32,6 @@ FILES = {
     "data/train/shadow/inner": b"the directory wins",
     "data/train/marker/": b"",
 }
-
-
-@pytest.fixture
-def s3_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
-                 "AWS_REGION", "AWS_DEFAULT_REGION"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
 
 
 @pytest.fixture
