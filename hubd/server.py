@@ -1,8 +1,9 @@
 """hubd's lifecycle: open ROOT, bind, first scan, serve until SIGTERM/SIGINT, tear down.
 
 Order (teardown reverses it): signal handlers -> ROOT's fd (for ``s3://``: the S3 client
-and its connection pool) -> listening socket -> first scan (for a bucket: the first listing,
-where missing keys, a denied listing or an unknown bucket end hubd with one line) (in a thread, abandoned cleanly if a signal comes first) -> aiohttp runner and site ->
+and its connection pool) -> listening socket -> first scan (in a thread, abandoned cleanly
+if a signal comes first; for a bucket, the first listing, where wrong keys, a denied
+listing or an unknown bucket end hubd with one line) -> aiohttp runner and site ->
 readiness line on stdout -> the rescanner task (timer and SIGHUP) -> wait for
 SIGTERM/SIGINT -> rescanner cancelled (its scan thread joined) -> runner cleanup
 (in-flight answers get a few seconds). SIGHUP never stops hubd: from the start it only

@@ -1,13 +1,16 @@
 """What can go wrong talking to S3, as exceptions the hub maps to its own answers.
 
-| Exception | S3 answer | The hub's answer |
-|---|---|---|
-| ``ObjectChanged`` | 412 PreconditionFailed (``If-Match`` failed), or an ETag that is not the one asked for | 412 ``stale-version``: the spoke's open file gets ESTALE |
-| ``ObjectMissing`` | 404 NoSuchKey | 404 ``unknown-file`` (deleted since the listing) |
-| ``BucketMissing`` | 404 NoSuchBucket | a start-up error; during a rescan the old snapshot stays |
-| ``AccessDenied`` | 403 (AccessDenied, InvalidAccessKeyId, SignatureDoesNotMatch...) | a start-up error, one line |
-| ``BadS3Answer`` | any other 4xx, or a body that is not what S3 sends | 503: logged, the spoke retries |
-| ``S3Unavailable`` | 5xx, 503 SlowDown, connection errors, until the deadline passed | 503 ``overloaded``: the spoke retries |
+- ``ObjectChanged``: 412 PreconditionFailed (``If-Match`` failed), or an answer with another
+  ETag. The hub answers 412 ``stale-version``: the spoke's open file gets ESTALE.
+- ``ObjectMissing``: 404 NoSuchKey; the hub answers 404 ``unknown-file``.
+- ``BucketMissing``: 404 NoSuchBucket; at start an error line, in a rescan the old
+  snapshot stays.
+- ``AccessDenied``: 403 (AccessDenied, InvalidAccessKeyId, SignatureDoesNotMatch...); at
+  start an error line, on a read 403 ``forbidden``.
+- ``BadS3Answer``: any other 4xx, or a body that is not what S3 sends; the hub logs it and
+  answers 503, which the spoke retries.
+- ``S3Unavailable``: 5xx, 503 SlowDown, connection errors, until the deadline passed; the
+  hub answers 503 ``read-failed``, which the spoke retries.
 """
 
 from __future__ import annotations

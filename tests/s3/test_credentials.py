@@ -66,7 +66,7 @@ def test_unknown_profile(tmp_path: Path) -> None:
 
 
 def test_nothing_anywhere(tmp_path: Path) -> None:
-    with pytest.raises(CredentialsError, match="^no S3 credentials: set AWS_ACCESS_KEY_ID"):
+    with pytest.raises(CredentialsError, match=r"^no S3 credentials: set AWS_ACCESS_KEY_ID"):
         find_credentials(files(tmp_path))
 
 
@@ -93,5 +93,5 @@ def test_malformed_file_is_one_line_without_secrets(tmp_path: Path) -> None:
 
 def test_unreadable_file(tmp_path: Path) -> None:
     (tmp_path / "credentials").mkdir()
-    with pytest.raises(CredentialsError, match="cannot read .*credentials: Is a directory"):
+    with pytest.raises(CredentialsError, match=r"cannot read .*credentials: Is a directory"):
         find_credentials(files(tmp_path))

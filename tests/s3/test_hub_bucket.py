@@ -3,7 +3,6 @@ spoken to over HTTP as a spoke would (snapshot, blobs, packs, changes, errors)."
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from collections.abc import Callable, Iterator
