@@ -38,10 +38,10 @@ from hubd.rescanner import Rescanner
 from hubd.s3.bucket import BucketExport
 from hubd.s3.client import S3Client
 from hubd.s3.errors import S3Error
+from hubd.source import Export
 
 log = logging.getLogger(__name__)
 
-Export = ExportRoot | BucketExport
 LISTEN_BACKLOG = 1024  # many spokes connect at once after a job starts
 SHUTDOWN_GRACE_S = 5.0  # in-flight answers get this long after SIGTERM
 # After an answer to a request whose body was not read (a 408 to a slow pack body, an

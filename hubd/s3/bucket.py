@@ -1,7 +1,7 @@
 """A bucket (or a prefix of one) as a hub export: the S3 counterpart of ``ExportRoot``.
 
-``BucketExport`` offers what the routes, the rescanner and the server use of an
-``ExportRoot``: ``state`` / ``snapshot`` (the current generation and its change history),
+``BucketExport`` implements ``source.Export``, what the routes, the rescanner and the server
+use of an export: ``state`` / ``snapshot`` (the current generation and its change history),
 ``rescan(cancel)`` (blocking: it runs in a worker thread, like a directory scan),
 ``last_rescan``, ``root`` (a printable name) and ``close()``; and, for ``BucketReader``,
 ``read(...)``: bytes of one object version.
