@@ -208,6 +208,7 @@ def main() -> int:
     parser.add_argument("--small-files", type=int, default=1000)
     parser.add_argument("--small-kib", type=int, default=16)
     args = parser.parse_args()
+    info = bl.run_info(Path(__file__).name)  # the commit and tree measured, taken at start
     figures: dict[str, bl.Figure] = {}
 
     def add(name: str, value: float) -> None:
@@ -259,7 +260,7 @@ def main() -> int:
     rows = [(name, fig.text("{:.3f}")) for name, fig in sorted(figures.items())]
     print(bl.markdown_table(("figure", "median (min-max)"), rows))
     bl.append_jsonl(HERE / "results" / "s3_hub.jsonl", {
-        **bl.run_info("bench_s3_hub.py"), "config": vars(args), "in_flight": IN_FLIGHT,
+        **info, "config": vars(args), "in_flight": IN_FLIGHT,
         "request_bytes": REQUEST_BYTES, "figures": {k: v.summary() for k, v in figures.items()},
     })
     return 0

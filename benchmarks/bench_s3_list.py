@@ -83,6 +83,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--delay-ms", type=float, default=10.0)
     args = parser.parse_args()
+    info = bl.run_info(Path(__file__).name)  # the commit and tree measured, taken at start
     figures: dict[str, bl.Figure] = {}
 
     def add(name: str, value: float) -> None:
@@ -131,7 +132,7 @@ def main() -> int:
     print(bl.markdown_table(("figure", f"{args.keys} keys: median (min-max)", "x 1M keys"),
                             rows))
     bl.append_jsonl(HERE / "results" / "s3_list.jsonl", {
-        **bl.run_info("bench_s3_list.py"), "keys": args.keys, "dirs": args.dirs,
+        **info, "keys": args.keys, "dirs": args.dirs,
         "figures": {k: v.summary() for k, v in figures.items()},
     })
     return 0

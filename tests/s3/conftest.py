@@ -6,7 +6,6 @@ of the AWS configuration (no profile, files, endpoint or region from the machine
 from __future__ import annotations
 
 import itertools
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,13 +17,13 @@ _buckets = itertools.count()
 
 
 @pytest.fixture(scope="session")
-def seaweed() -> Iterator[SeaweedServer]:
-    with tempfile.TemporaryDirectory(prefix="spokefs-seaweed-") as tmp:
-        server = SeaweedServer(Path(tmp) / "data", Path(tmp) / "logs")
-        try:
-            yield server.start()
-        finally:
-            server.stop()
+def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
+    tmp = tmp_path_factory.mktemp("seaweed")
+    server = SeaweedServer(tmp / "data", tmp / "logs")
+    try:
+        yield server.start()
+    finally:
+        server.stop()
 
 
 @pytest.fixture
