@@ -30,10 +30,10 @@ bytes once and leaves the readers mostly reading what has already arrived.
   A file already in a pack on its way is waited for, and is released to its reader the
   moment its own bytes have streamed in (``fetcher.prefetch_files``), not at the pack's end.
 - **Bytes in flight** follow the link: about twice its bandwidth-delay product, the peak
-  rate at which bytes arrive from the hub (``DeliveryMeter``) times the round trip (the
-  hub client's shortest recent wait for an answer), within ``[_MIN_INFLIGHT_BYTES,
+  rate at which bytes arrive from the hub times the round trip (the hub client's shortest
+  recent wait for an answer; ``link_model.LinkReach``), within ``[_MIN_INFLIGHT_BYTES,
   max_inflight_bytes]``. Until traffic has flowed for a few round trips the rate is taken
-  to be at least ``assumed_link_bps`` (1 Gbit/s): at 900 ms a fill that started from a
+  to be at least the assumed link rate (1 Gbit/s): at 900 ms a fill that started from a
   small window and doubled it every round trip would take seconds to fill the link, which
   is the whole cold epoch of a small dataset; on a slower link the extra bytes only queue
   for a moment. Packs are an eighth of that (at most ``request_bytes``), so several
@@ -66,7 +66,7 @@ import trio
 from spokefs import metrics
 from spokefs.errors import SpokeError
 from spokefs.fetcher import Fetcher
-from spokefs.link_model import DeliveryMeter, LinkModel
+from spokefs.link_model import LinkModel, LinkReach
 from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)
@@ -84,11 +84,15 @@ _CACHED_STREAK = 4  # sibling directories found cached whole before siblings are
 
 
 class DirLister(Protocol):
-    """What fills ask the namespace (``mount._DirLister``: in a worker thread)."""
+    """What fills (and the prefetcher's runs of shards) ask the namespace
+    (``mount._DirLister``: in a worker thread)."""
 
     async def files(self, dir_id: int) -> list[FileVersion]: ...
 
     async def siblings(self, dir_id: int) -> tuple[int, list[int]]: ...
+
+    async def next_file(self, dir_id: int, file_id: int,
+                        min_size: int) -> tuple[int, int, int] | None: ...
 
 
 @dataclass(slots=True)
@@ -111,7 +115,7 @@ class DirFiller:
         request_bytes: int,
         max_inflight_bytes: int,
         budget_bytes: int,
-        assumed_link_bps: float,
+        reach: LinkReach,
     ) -> None:
         self._fetcher = fetcher
         self._lister_ns = lister
@@ -120,8 +124,7 @@ class DirFiller:
         self._request_bytes = request_bytes
         self._max_inflight = max(max_inflight_bytes, _MIN_INFLIGHT_BYTES)
         self._budget = budget_bytes
-        self._assumed_bps = assumed_link_bps
-        self._meter = DeliveryMeter()
+        self._reach = reach
         self._dirs: OrderedDict[int, _Dir] = OrderedDict()
         self._dirs_tx, self._dirs_rx = trio.open_memory_channel[int](_QUEUED_DIRS)
         self._queue: deque[tuple[FileVersion, int]] = deque()  # (file, its directory)
@@ -242,14 +245,10 @@ class DirFiller:
 
     def _target_inflight(self) -> int:
         """About twice the bandwidth-delay product (see the module docstring)."""
-        self._meter.sample(self._fetcher.received_bytes())
-        rtt = self._fetcher.rtt_s()
-        if rtt is None:
+        bdp = self._reach.bdp_bytes()
+        if bdp is None:
             return _INITIAL_INFLIGHT_BYTES
-        rate = self._meter.peak_bps
-        if not self._meter.settled(rtt):
-            rate = max(rate, self._assumed_bps)
-        return int(min(self._max_inflight, max(_MIN_INFLIGHT_BYTES, 2 * rate * rtt)))
+        return min(self._max_inflight, max(_MIN_INFLIGHT_BYTES, 2 * bdp))
 
     def _pack_bytes(self, target: int) -> int:
         return max(_MIN_PACK_BYTES, min(self._request_bytes, target // 8))
