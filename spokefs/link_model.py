@@ -100,6 +100,12 @@ class LinkModel:
             self._hold = 0
             self.limit = self._clamp(math.ceil(self._best_limit * _GROW))
 
+    def set_floor(self, n: int) -> None:
+        """Never allow fewer than ``n`` requests (within ``max_requests``) from now on."""
+        self.min_requests = min(n, self.max_requests)
+        self.limit = self._clamp(self.limit)
+        self._best_limit = self._clamp(self._best_limit)
+
     def _clamp(self, n: int) -> int:
         return max(self.min_requests, min(self.max_requests, n))
 
