@@ -45,6 +45,7 @@ from hubd.s3.errors import (
     ObjectMissing,
     S3Error,
     S3Unavailable,
+    first_error,
 )
 from hubd.s3.sigv4 import EMPTY_SHA256, Credentials, host_header, sign, uri_encode
 
@@ -265,9 +266,13 @@ class S3Client:
         part = self.cfg.part_bytes
         if stop - start <= part:
             return await self._get_part(bucket, key, etag, start, stop)
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(self._get_part(bucket, key, etag, s, min(s + part, stop)))
-                     for s in range(start, stop, part)]
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(self._get_part(bucket, key, etag, s,
+                                                          min(s + part, stop)))
+                         for s in range(start, stop, part)]
+        except ExceptionGroup as group_error:
+            raise first_error(group_error) from None
         return b"".join(t.result() for t in tasks)
 
     async def _get_part(self, bucket: str, key: str, etag: str, start: int,

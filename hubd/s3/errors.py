@@ -52,3 +52,24 @@ class BadS3Answer(S3Error):
 
 class S3Unavailable(S3Error):
     """The endpoint kept failing (5xx, throttling, no connection) until the deadline."""
+
+
+def first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The exception to raise for a failed ``asyncio.TaskGroup``: its first ``S3Error``
+    (an ``ObjectChanged`` before any other, so a replaced object is always reported as
+    such), else its first exception. Callers catch single exceptions, never groups."""
+    leaves: list[BaseException] = []
+
+    def walk(exc: BaseException) -> None:
+        if isinstance(exc, BaseExceptionGroup):
+            for inner in exc.exceptions:
+                walk(inner)
+        else:
+            leaves.append(exc)
+
+    walk(group)
+    for kind in (ObjectChanged, S3Error):
+        for exc in leaves:
+            if isinstance(exc, kind):
+                return exc
+    return leaves[0]

@@ -29,9 +29,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from hubd.s3.client import ObjectInfo, S3Client
+from hubd.s3.errors import first_error
+
+T = TypeVar("T")
 
 MAX_SPLIT_DEPTH = 2
 """Split at most two levels below the export prefix (``bucket/train/shard-00/``)."""
@@ -60,6 +65,16 @@ class Listing:
     seconds: float
 
 
+async def _gather(coros: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run ``coros`` in a task group; the first failure (not a group) is raised."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(c) for c in coros]
+    except ExceptionGroup as group_error:
+        raise first_error(group_error) from None
+    return [t.result() for t in tasks]
+
+
 async def _all_pages(client: S3Client, bucket: str, prefix: str, delimiter: str = "",
                      limit: int | None = None) -> tuple[list[ObjectInfo], list[str]]:
     """Objects and common prefixes under ``prefix``; stops early once more than ``limit``
@@ -86,12 +101,10 @@ async def _split(client: S3Client, bucket: str, prefix: str,
         if len(dirs) >= workers or not dirs:
             break
         width = max(width, len(dirs))
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(_all_pages(client, bucket, d, "/", MAX_SPLIT_PREFIXES))
-                     for d in dirs]
+        tasks = await _gather([_all_pages(client, bucket, d, "/", MAX_SPLIT_PREFIXES)
+                               for d in dirs])
         dirs = []
-        for task in tasks:
-            level_objects, level_dirs = task.result()
+        for level_objects, level_dirs in tasks:
             objects += level_objects
             dirs += level_dirs
     if len(dirs) > MAX_SPLIT_PREFIXES:
@@ -120,10 +133,8 @@ async def list_objects(client: S3Client, bucket: str, prefix: str,
             async with slots:
                 return (await _all_pages(client, bucket, d))[0]
 
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(one(d)) for d in dirs]
-        for task in tasks:
-            objects += task.result()
+        for found in await _gather([one(d) for d in dirs]):
+            objects += found
         streams = max(width, min(len(dirs), workers))
     return Listing(objects, client.stats.list_pages - pages_before, streams,
                    time.perf_counter() - start)

@@ -29,6 +29,7 @@ from hubd import wire
 from hubd.errors import Overloaded, StaleVersion, UnknownFile
 from hubd.range_reader import Blob, Pack, RangeSpec, plan_pack, resolve_range
 from hubd.s3.bucket import BucketExport
+from hubd.s3.errors import first_error
 from hubd.snapshot import Snapshot
 
 # xxh3 runs at ~10 GB/s here: 1 MiB takes ~0.1 ms inline, a 16 MiB range ~2 ms, which goes
@@ -119,9 +120,12 @@ class BucketReader:
                 except (UnknownFile, StaleVersion):
                     return None  # replaced or deleted since the listing
 
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(whole(f, v)) if want else None
-                     for (f, v), want in zip(items, wanted, strict=True)]
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(whole(f, v)) if want else None
+                         for (f, v), want in zip(items, wanted, strict=True)]
+        except ExceptionGroup as group_error:  # Forbidden, ReadFailed: one answer for all
+            raise first_error(group_error) from None
         parts: list[bytes] = []
         served = file_bytes = 0
         for (file_id, version), task in zip(items, tasks, strict=True):

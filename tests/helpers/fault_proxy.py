@@ -16,6 +16,8 @@ from yarl import URL
 
 SLOWDOWN_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
                  b"<Message>Please reduce your request rate.</Message></Error>")
+DENIED_BODY = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
+               b"<Message>Access Denied</Message></Error>")
 _HOP_HEADERS = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length"})
 
 
@@ -27,10 +29,12 @@ class FaultProxy:
         seen: requests received so far.
     """
 
-    def __init__(self, upstream: str, fail_first: int = 0, fail_status: int = 503) -> None:
+    def __init__(self, upstream: str, fail_first: int = 0, fail_status: int = 503,
+                 deny_query: str | None = None) -> None:
         self.upstream = upstream
         self.fail_first = fail_first
         self.fail_status = fail_status
+        self.deny_query = deny_query
         self.seen = 0
         self.endpoint = ""
         self._runner: web.AppRunner | None = None
@@ -62,6 +66,8 @@ class FaultProxy:
         if self.seen <= self.fail_first:
             return web.Response(status=self.fail_status, body=SLOWDOWN_BODY,
                                 content_type="application/xml")
+        if self.deny_query is not None and self.deny_query in request.raw_path:
+            return web.Response(status=403, body=DENIED_BODY, content_type="application/xml")
         assert self._session is not None
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
         body = await request.read()

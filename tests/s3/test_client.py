@@ -156,6 +156,19 @@ def test_overwrite_is_412_never_new_bytes(seaweed: SeaweedServer, bucket: str) -
     assert new.size == 10
 
 
+def test_overwrite_seen_by_every_parallel_part(seaweed: SeaweedServer, bucket: str) -> None:
+    writer = seaweed.writer()
+    writer.put_object(Bucket=bucket, Key="k", Body=b"a" * 100_000)
+
+    async def go(client: S3Client) -> None:
+        [old] = await list_all(client, bucket)
+        writer.put_object(Bucket=bucket, Key="k", Body=b"b" * 100_000)
+        await client.get(bucket, "k", old.etag, 0, old.size)  # 10 parts, all refused
+
+    with pytest.raises(ObjectChanged, match="HTTP 412"):  # one exception, not a group
+        run(seaweed.endpoint, go, part_bytes=10_000)
+
+
 def test_deleted_object_and_missing_bucket(seaweed: SeaweedServer, bucket: str) -> None:
     writer = seaweed.writer()
     writer.put_object(Bucket=bucket, Key="gone", Body=b"bytes")

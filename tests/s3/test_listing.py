@@ -10,8 +10,10 @@ import pytest
 from hubd import wire
 from hubd.s3 import listing
 from hubd.s3.client import S3Client, S3Config
+from hubd.s3.errors import AccessDenied
 from hubd.s3.listing import Listing, list_objects
 from hubd.s3.tree import build_tree, export_prefix
+from tests.helpers.fault_proxy import FaultProxy
 from tests.helpers.seaweed import SeaweedServer
 from tests.s3.test_client import CREDS, put_many
 
@@ -84,3 +86,17 @@ def test_bucket_to_tree(seaweed: SeaweedServer, bucket: str) -> None:
     decoder.finish()
     assert names == [b"", b"1", b"2", b"3", b"4", b"a", b"b"]
     assert stats.files == 4 and not stats.skipped
+
+
+@pytest.mark.parametrize("denied", ["prefix=train%2Fa%2F", "prefix=val%2F"])
+def test_a_failing_parallel_listing_raises_the_s3_error(seaweed: SeaweedServer, bucket: str,
+                                                        denied: str) -> None:
+    put_many(seaweed, bucket, {k: k.encode() for k in LAYOUT})
+
+    async def main() -> None:
+        async with FaultProxy(seaweed.endpoint, deny_query=denied) as proxy, \
+                S3Client(S3Config(proxy.endpoint), CREDS) as client:
+            await list_objects(client, bucket, "", 8)
+
+    with pytest.raises(AccessDenied, match="HTTP 403 AccessDenied"):  # not an ExceptionGroup
+        asyncio.run(main())
