@@ -1,4 +1,4 @@
-"""The S3 client's parsers on answers a server could send (no server needed)."""
+"""The S3 client's parsers on answers a server could send, and its URLs (no server needed)."""
 
 from __future__ import annotations
 
@@ -84,3 +84,20 @@ def test_error_table(status: int, code: str, kind: type) -> None:
     assert type(exc) is kind
     assert str(exc).startswith(f"GET s3://b/k: HTTP {status}")
     assert (exc.status, exc.code) == (status, code)
+
+
+def test_urls_path_and_virtual_hosted_style() -> None:
+    from hubd.s3.client import S3Client, S3Config
+    from hubd.s3.sigv4 import Credentials
+
+    creds = Credentials("k", "s")
+    path = S3Client(S3Config("http://127.0.0.1:9000"), creds)
+    assert path.url("bkt", "a b/ç+%.txt") == "http://127.0.0.1:9000/bkt/a%20b/%C3%A7%2B%25.txt"
+    assert path.url("bkt", query="list-type=2") == "http://127.0.0.1:9000/bkt?list-type=2"
+    virtual = S3Client(S3Config("https://s3.eu-west-1.amazonaws.com", virtual_hosted=True),
+                       creds)
+    assert virtual.url("bkt", "k/1") == "https://bkt.s3.eu-west-1.amazonaws.com/k/1"
+    assert virtual.url("bkt", query="x=1") == "https://bkt.s3.eu-west-1.amazonaws.com/?x=1"
+    for bad in ("ftp://h", "http://", "http://h/path", "http://h?q=1"):
+        with pytest.raises(ValueError, match="bad S3 endpoint"):
+            S3Client(S3Config(bad), creds)
