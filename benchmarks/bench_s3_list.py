@@ -20,6 +20,11 @@ Prints medians (min-max) over ``--runs``; LIST pages per second, the wall time a
 process CPU (user+sys, hub side only: SeaweedFS is another process) per listing; and
 appends one JSON line to ``benchmarks/results/s3_list.jsonl`` (commit, dirty flag, figures).
 The 1M-key figures are the 100k ones times ten: LIST is linear in keys (pages of 1,000).
+
+``--tree-keys N`` (no server) measures instead the hub side of a listing of N synthetic
+keys (``train/shard-SSSS/sample-NNNNNNNN.jpg`` in 1,000 directories): the listing's
+``ObjectInfo`` objects, ``build_tree``, the table build and its encoding: CPU seconds and
+peak RSS (what a rescan of an N-key bucket holds at once).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ sys.path.insert(0, str(HERE))
 import benchlib as bl  # noqa: E402
 from longlink import LongLinkProcess  # noqa: E402
 
-from hubd.s3.client import S3Client, S3Config  # noqa: E402
+from hubd.s3.client import ObjectInfo, S3Client, S3Config  # noqa: E402
 from hubd.s3.listing import Listing, list_objects  # noqa: E402
 from hubd.s3.sigv4 import Credentials  # noqa: E402
 from hubd.s3.tree import build_tree  # noqa: E402
@@ -76,14 +81,38 @@ async def one_listing(endpoint: str, workers: int) -> tuple[Listing, float]:
         return listing, cpu_s() - cpu0
 
 
+def tree_only(keys: int, info: dict[str, object]) -> int:
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    cpu0 = cpu_s()
+    objects = [ObjectInfo(f"train/shard-{i % 1000:04d}/sample-{i:08d}.jpg", 100_000 + i,
+                          f'"{i:032x}"', 1_700_000_000_000_000_000 + i) for i in range(keys)]
+    cpu1 = cpu_s()
+    tree = build_tree(BUCKET, "", objects)
+    cpu2 = cpu_s()
+    encoded = tree.table.build(tree.root_id).encode(1, 6)
+    cpu3 = cpu_s()
+    figures = {"objects_cpu_s": cpu1 - cpu0, "tree_cpu_s": cpu2 - cpu1,
+               "build_encode_cpu_s": cpu3 - cpu2, "encoded_mb": len(encoded) / 1e6,
+               "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+               "rss_before_mb": rss0 / 1024}
+    print(bl.markdown_table(("figure", f"{keys} synthetic keys"),
+                            [(k, f"{v:.1f}") for k, v in figures.items()]))
+    bl.append_jsonl(HERE / "results" / "s3_list.jsonl", {**info, "tree_keys": keys,
+                                                         "figures": figures})
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--dirs", type=int, default=100)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--delay-ms", type=float, default=10.0)
+    parser.add_argument("--tree-keys", type=int, default=0)
     args = parser.parse_args()
     info = bl.run_info(Path(__file__).name)  # the commit and tree measured, taken at start
+    if args.tree_keys:
+        return tree_only(args.tree_keys, info)
     figures: dict[str, bl.Figure] = {}
 
     def add(name: str, value: float) -> None:
