@@ -3,10 +3,12 @@ spoken to over HTTP as a spoke would (snapshot, blobs, packs, changes, errors)."
 
 from __future__ import annotations
 
+import http.client
 import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import xxhash
@@ -117,9 +119,6 @@ def test_prefix_export_snapshot_blobs_and_packs(seaweed: SeaweedServer, bucket: 
 
 
 def _post(hub: Hub, path: str, body: bytes) -> bytes:
-    import http.client
-    from urllib.parse import urlsplit
-
     parts = urlsplit(hub.url)
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
     try:
@@ -215,6 +214,10 @@ def test_server_down_then_back(own_seaweed: SeaweedServer, tmp_path: Path, s3_en
         _, tree = tree_of(hub)
         entry = tree[b"f"]
         own_seaweed.stop()
+        # the hub retries for its 10 s S3 deadline before it answers: wait longer than that
+        parts = urlsplit(hub.url)
+        hub.close_conn()
+        hub._conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
         answer = hub.request(wire.blob_path(entry.file_id, entry.version))
         assert (answer.status, answer.header(wire.HEADER_ERROR)) == (503, "read-failed")
         assert answer.header("Retry-After") == "1"
