@@ -29,8 +29,8 @@ the client must be asyncio-native and share the loop; aiobotocore is, but it run
 botocore's generic request building and response parsing for every call. Measured with
 ``benchmarks/bench_s3_hub.py`` against SeaweedFS, one request at a time: botocore spends
 0.82 ms of CPU per GET and 57 ms per 1,000-key LIST page, this client 0.23 ms and 8.9 ms.
-The whole client is ~400 lines, its signer is tested against botocore's case by case, and
-it needs no dependency beyond aiohttp, which hubd already has.
+The client and its signer are ~470 lines, the signer tested against botocore's case by case,
+and they need no dependency beyond aiohttp, which hubd already has.
 
 Consistency: the snapshot records each object's ETag; every GET carries ``If-Match`` with
 it, so S3 refuses (412) an object replaced since the listing and the hub answers
