@@ -125,12 +125,15 @@ class SeaweedServer:
         return _terminate(self.proc)
 
     def writer(self, secret: str = SECRET_KEY) -> Any:
-        """A botocore S3 client with the server's keys (path-style, no retries)."""
+        """A botocore S3 client with the server's keys (path-style)."""
         import botocore.session
         from botocore.config import Config
 
         return botocore.session.get_session().create_client(
             "s3", endpoint_url=self.endpoint, region_name="us-east-1",
             aws_access_key_id=ACCESS_KEY, aws_secret_access_key=secret,
-            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1},
-                          connect_timeout=2, read_timeout=30))
+            # retries: a loaded machine (several engineers, 2 cores) drops an upload now and
+            # then; a PUT is idempotent, so retrying it changes nothing the tests check
+            config=Config(s3={"addressing_style": "path"},
+                          retries={"max_attempts": 5, "mode": "standard"},
+                          connect_timeout=5, read_timeout=120))
