@@ -30,6 +30,7 @@ Everything binds and connects to 127.0.0.1 only. Nothing here runs a benchmark b
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import platform
@@ -323,10 +324,10 @@ def _mounted(mount: Mount) -> Iterator[Mount]:
 @contextlib.contextmanager
 def spoke_mount(url: str, mnt: Path, cache_dir: Path, log_path: Path, deadline: Deadline,
                 cache_size: str = "8G", extra_args: Sequence[str] = (),
-                src: Path = REPO) -> Iterator[Mount]:
+                src: Path = REPO, start_timeout_s: float = 300) -> Iterator[Mount]:
     """A foreground ``spokefs mount URL MNT`` (the code of checkout ``src``) with /metrics on
     a free loopback port; always unmounted at the end (``mount.result`` says whether cleanly
-    and the exit code)."""
+    and the exit code). ``start_timeout_s`` bounds the wait for its readiness line."""
     mnt.mkdir(parents=True, exist_ok=True)
     port = free_port()
     argv = [sys.executable, "-m", "spokefs", "mount", url, str(mnt), "--cache-dir",
@@ -334,7 +335,7 @@ def spoke_mount(url: str, mnt: Path, cache_dir: Path, log_path: Path, deadline: 
             "--metrics-addr", "127.0.0.1", *extra_args]
     proc = Proc("spokefs", argv, log_path, src)
     try:
-        proc.wait_line(SPOKE_READY_RE, deadline.timeout(300))
+        proc.wait_line(SPOKE_READY_RE, deadline.timeout(start_timeout_s))
         wait_mounted(mnt, proc, deadline.timeout(10))
     except BaseException:
         unmount(mnt, proc)
@@ -418,6 +419,7 @@ class LinkCounters:
     bytes_down: int = 0
     bytes_up: int = 0
     connections: int = 0
+    at: float = 0.0  # time.time() when the emulator wrote them (its status file's mtime)
 
     def minus(self, other: LinkCounters) -> LinkCounters:
         return LinkCounters(self.bytes_down - other.bytes_down, self.bytes_up - other.bytes_up,
@@ -434,9 +436,81 @@ def link_counters(link: LongLinkProcess | None, fresh: bool = True) -> LinkCount
         return LinkCounters()
     if fresh:
         time.sleep(STATUS_PERIOD_S * 1.5)
+    try:
+        at = link.status_file.stat().st_mtime
+    except OSError:
+        at = 0.0
     s = link.statistics()
     return LinkCounters(int(s.get("bytes_down", 0)), int(s.get("bytes_up", 0)),
-                        int(s.get("connections_accepted", 0)))
+                        int(s.get("connections_accepted", 0)), at)
+
+
+class LinkSeries:
+    """The emulator's counters over time, sampled in a thread from ``start()`` to ``stop()``:
+    one row per rewrite of its status file, stamped with the file's mtime (when the emulator
+    counted them), so a rate over any interval is read at the link, not at the reader.
+
+    Rows: (at: time.time() seconds, bytes_down, bytes_up, connections). ``bytes_at(t)``
+    interpolates linearly between the rows around t; ``rate(t0, t1)`` is bytes_down
+    delivered in [t0, t1] over t1 - t0 (B/s).
+    """
+
+    COLS = ("t", "bytes_down", "bytes_up", "connections")
+
+    def __init__(self, link: LongLinkProcess, period_s: float = STATUS_PERIOD_S / 2) -> None:
+        self.link = link
+        self.period_s = period_s
+        self.rows: list[tuple[float, int, int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="link-series")
+
+    def _sample(self) -> None:
+        c = link_counters(self.link, fresh=False)
+        if c.at and (not self.rows or c.at > self.rows[-1][0]):
+            self.rows.append((c.at, c.bytes_down, c.bytes_up, c.connections))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._sample()
+
+    def start(self) -> LinkSeries:
+        """Wait for one fresh rewrite (so the series starts at the present), then sample."""
+        time.sleep(STATUS_PERIOD_S * 1.5)
+        self._sample()
+        self._thread.start()
+        return self
+
+    def stop(self, settle_s: float = STATUS_PERIOD_S * 2) -> LinkSeries:
+        """Keep sampling settle_s more (rows after the interval of interest), then stop."""
+        time.sleep(settle_s)
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        return self
+
+    def bytes_at(self, t: float) -> float:
+        """bytes_down at time t (time.time()), interpolated between the rows around it."""
+        rows = self.rows
+        if not rows:
+            return 0.0
+        if t <= rows[0][0]:
+            return float(rows[0][1])
+        for (ta, a, *_), (tb, b, *_) in itertools.pairwise(rows):
+            if ta <= t <= tb:
+                return a + (b - a) * (t - ta) / (tb - ta)
+        return float(rows[-1][1])
+
+    def delivered(self, t0: float, t1: float) -> float:
+        return self.bytes_at(t1) - self.bytes_at(t0)
+
+    def rate(self, t0: float, t1: float) -> float:
+        """Bytes/s the link delivered towards the reader between t0 and t1."""
+        return self.delivered(t0, t1) / (t1 - t0) if t1 > t0 else 0.0
+
+    def as_json(self, t0: float) -> dict[str, Any]:
+        """{"cols", "rows"} with t as seconds since t0."""
+        return {"cols": list(self.COLS),
+                "rows": [[round(r[0] - t0, 3), *r[1:]] for r in self.rows]}
 
 
 # -- CPU --------------------------------------------------------------------------------------
@@ -456,6 +530,33 @@ def machine_ticks() -> tuple[int, int]:
     vals = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     idle = vals[3] + vals[4]
     return sum(vals) - idle, sum(vals)
+
+
+def all_ticks() -> dict[int, tuple[str, int]]:
+    """pid -> (command, utime + stime) of every process (a ``top`` snapshot)."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                head, tail = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)
+                f = tail.split()
+                out[int(d)] = (head.split("(", 1)[1], int(f[11]) + int(f[12]))
+    return out
+
+
+def top_processes(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]],
+                  wall_s: float, n: int = 8) -> list[tuple[int, str, float]]:
+    """The n busiest processes between two ``all_ticks()``: (pid, command, % of one core)."""
+    busy = []
+    for pid, (comm, ticks) in after.items():
+        used = ticks - before[pid][1] if pid in before else ticks
+        if used > 0:
+            cmdline = ""
+            with contextlib.suppress(OSError):
+                raw = Path(f"/proc/{pid}/cmdline").read_bytes()[:90]
+                cmdline = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+            busy.append((pid, cmdline or comm, round(used / CLK_TCK / wall_s * 100, 1)))
+    return sorted(busy, key=lambda x: -x[2])[:n]
 
 
 class CpuMeter:
@@ -479,6 +580,41 @@ class CpuMeter:
             "machine_busy_cores": round(busy * (os.cpu_count() or 1), 2),
             "wall_s": wall,
         }
+
+
+class Series:
+    """Named columns sampled every ``period_s`` in a thread between ``start()`` and
+    ``stop()``; the first column, ``t_s``, is seconds since start()."""
+
+    def __init__(self, columns: dict[str, Any], period_s: float = 0.5) -> None:
+        self.columns = columns  # name -> callable returning a number
+        self.period_s = period_s
+        self.rows: list[list[float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="series")
+        self._t0 = 0.0
+
+    def _sample(self) -> None:
+        self.rows.append([round(time.perf_counter() - self._t0, 2),
+                          *(float(f()) for f in self.columns.values())])
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._sample()
+
+    def start(self) -> Series:
+        self._t0 = time.perf_counter()
+        self._sample()
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, Any]:
+        """{"cols": [...], "rows": [...]}."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._sample()
+        return {"cols": ["t_s", *self.columns], "rows": self.rows}
 
 
 # -- metrics ----------------------------------------------------------------------------------
@@ -554,6 +690,7 @@ class Figure:
     """Samples of one measurement over runs; summarised as median (min-max)."""
 
     samples: list[float] = field(default_factory=list)
+    unit: str = ""
 
     def add(self, value: float | None) -> None:
         if value is not None:
@@ -564,7 +701,8 @@ class Figure:
 
     def summary(self) -> dict[str, Any]:
         s = self.samples
-        return {"median": self.median(), "min": min(s), "max": max(s), "samples": s} if s else {}
+        out = {"median": self.median(), "min": min(s), "max": max(s), "samples": s} if s else {}
+        return out | ({"unit": self.unit} if self.unit else {})
 
     def text(self, fmt: str = "{:.0f}") -> str:
         if not self.samples:
@@ -584,21 +722,30 @@ def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 # -- goals ------------------------------------------------------------------------------------
 
 
+OPS = {">=": lambda v, t: v >= t, "<=": lambda v, t: v <= t, ">": lambda v, t: v > t,
+       "<": lambda v, t: v < t}
+
+
 @dataclass(frozen=True)
 class Goal:
     """One graded goal. ``issue`` is the issue's sentence, verbatim; ``key`` names the figure
     the benchmark computes for it (``what`` says how, in words); ``op`` and ``threshold`` are
-    the bar; ``rtts`` the RTTs it applies at (empty: every RTT measured)."""
+    the bar, the issue's own number (``op`` "" when the issue states the goal without a
+    number, e.g. "near 1": the figure is then reported, never passed); ``rtts`` the RTTs it
+    applies at (empty: every RTT measured)."""
 
     issue: str
     key: str
     what: str
-    op: str  # ">=" or "<="
+    op: str  # ">=", "<=", ">", "<", or "" (no number in the issue)
     threshold: float
     rtts: tuple[int, ...] = ()
 
     def passes(self, value: float) -> bool:
-        return value >= self.threshold if self.op == ">=" else value <= self.threshold
+        return OPS[self.op](value, self.threshold) if self.op else False
+
+    def bar(self) -> str:
+        return f"{self.op} {self.threshold:g}" if self.op else "(no number in the issue)"
 
 
 @dataclass
@@ -612,13 +759,16 @@ class Grade:
     def verdict(self) -> str:
         if self.value is None:
             return "NOT MEASURED"
+        if not self.goal.op:
+            return "REPORTED"
         return "PASS" if self.goal.passes(self.value) else "MISS"
 
 
 def grade(goals: Sequence[Goal], rtts: Sequence[int],
           value_of: Any) -> list[Grade]:
     """One Grade per goal and RTT it applies to; ``value_of(goal, rtt)`` returns
-    (value or None, note)."""
+    (value or None, note). Pass ``rtts=[None]`` (and goals without rtts) for goals that do
+    not depend on a link."""
     out = []
     for goal in goals:
         for rtt in goal.rtts or tuple(rtts):
@@ -632,8 +782,23 @@ def format_grades(grades: Sequence[Grade]) -> str:
     for g in grades:
         value = "-" if g.value is None else f"{g.value:.3f}"
         rows.append([g.verdict, f"{g.rtt} ms" if g.rtt is not None else "",
-                     g.goal.what, f"{g.goal.op} {g.goal.threshold:g}", value, g.note])
+                     g.goal.what, g.goal.bar(), value, g.note])
     return markdown_table(["verdict", "RTT", "figure", "goal", "measured", "note"], rows)
+
+
+def grades_json(grades: Sequence[Grade]) -> list[dict[str, Any]]:
+    """The grades as the JSON line keeps them."""
+    return [{"issue": g.goal.issue, "figure": g.goal.what, "key": g.goal.key, "rtt_ms": g.rtt,
+             "op": g.goal.op, "threshold": g.goal.threshold if g.goal.op else None,
+             "value": g.value, "verdict": g.verdict, "note": g.note} for g in grades]
+
+
+def print_goals(issue_title: str, sentences: Sequence[str], grades: Sequence[Grade]) -> str:
+    """The issue's goal sentences, then the graded table; printed and returned."""
+    text = (f"Goals of \"{issue_title}\", word for word:\n"
+            + "\n".join(f"- {s}" for s in sentences) + "\n\n" + format_grades(grades))
+    print("\n" + text, flush=True)
+    return text
 
 
 def which(program: str) -> str | None:
