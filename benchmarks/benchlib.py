@@ -379,6 +379,18 @@ def fuse_process(name: str, argv: list[str], mnt: Path, log_path: Path, ready: r
         yield m
 
 
+CEILING_READY_RE = re.compile(r"^ceiling_fs: mounted (\d+) files")
+
+
+@contextlib.contextmanager
+def ceiling_mount(root: Path, mnt: Path, log_path: Path, deadline: Deadline) -> Iterator[Mount]:
+    """benchmarks/ceiling_fs.py serving ``root`` from memory at ``mnt``: the ceiling of FUSE
+    served by a Python process on this machine."""
+    argv = [sys.executable, str(HERE / "ceiling_fs.py"), str(root), str(mnt)]
+    with fuse_process("ceiling_fs", argv, mnt, log_path, CEILING_READY_RE, deadline) as m:
+        yield m
+
+
 # -- the emulated link ------------------------------------------------------------------------
 
 
@@ -793,9 +805,10 @@ def grades_json(grades: Sequence[Grade]) -> list[dict[str, Any]]:
              "value": g.value, "verdict": g.verdict, "note": g.note} for g in grades]
 
 
-def print_goals(issue_title: str, sentences: Sequence[str], grades: Sequence[Grade]) -> str:
-    """The issue's goal sentences, then the graded table; printed and returned."""
-    text = (f"Goals of \"{issue_title}\", word for word:\n"
+def print_goals(issues: Sequence[str], sentences: Sequence[str], grades: Sequence[Grade]) -> str:
+    """The issues' goal sentences, then the graded table; printed and returned."""
+    names = " and ".join(f'"{i}"' for i in issues)
+    text = (f"Goals of {names}, word for word:\n"
             + "\n".join(f"- {s}" for s in sentences) + "\n\n" + format_grades(grades))
     print("\n" + text, flush=True)
     return text
