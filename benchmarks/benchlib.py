@@ -776,7 +776,7 @@ class Grade:
         return "PASS" if self.goal.passes(self.value) else "MISS"
 
 
-def grade(goals: Sequence[Goal], rtts: Sequence[int],
+def grade(goals: Sequence[Goal], rtts: Sequence[int | None],
           value_of: Any) -> list[Grade]:
     """One Grade per goal and RTT it applies to; ``value_of(goal, rtt)`` returns
     (value or None, note). Pass ``rtts=[None]`` (and goals without rtts) for goals that do
