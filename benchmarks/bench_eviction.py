@@ -408,9 +408,7 @@ def main() -> None:
     grades = bl.grade(GOALS, [None], lambda g, _: goal_value(record, g))
     record["graded"] = bl.print_goals(["Cache lifecycle"], [CAPACITY, EVICTION], grades)
     record["grades"] = bl.grades_json(grades)
-    bl.append_jsonl(args.results, record)
-    print(f"\n{record['seconds']} s; appended to {args.results} (commit "
-          f"{str(record['commit'])[:7]}{', dirty tree' if record['dirty'] else ''})")
+    bl.save_record(args.results, record, f"{record['seconds']} s; ")
 
 
 if __name__ == "__main__":

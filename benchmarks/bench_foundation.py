@@ -415,9 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         error = f"{type(exc).__name__}: {exc}"
         print(f"bench_foundation: error: {error}", file=sys.stderr)
     finally:
-        bl.append_jsonl(args.results, report(run, head, error))
-        print(f"\nappended to {args.results} (commit {str(head['commit'])[:7]}"
-              f"{', dirty tree' if head['dirty'] else ''})")
+        bl.save_record(args.results, report(run, head, error))
         if args.keep:
             print(f"kept logs and caches in {run.work}")
         else:

@@ -650,9 +650,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_longlink: error: {error}", file=sys.stderr)
     finally:
         _sweep(env)
-        bl.append_jsonl(args.results, report(env, res, head, error, started))
-        print(f"\n{time.monotonic() - started:.0f} s; appended to {args.results} (commit "
-              f"{str(head['commit'])[:7]}{', dirty tree' if head['dirty'] else ''})")
+        bl.save_record(args.results, report(env, res, head, error, started),
+                       f"{time.monotonic() - started:.0f} s; ")
         if args.keep:
             print(f"kept logs and caches in {env.run_dir}")
         else:

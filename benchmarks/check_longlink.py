@@ -334,9 +334,7 @@ def main() -> int:
     else:
         rows = run_checks((16 if args.quick else 64) * MIB)
     print_table(rows)
-    bl.append_jsonl(args.results, head | {"rows": [asdict(r) for r in rows]})
-    print(f"\nappended to {args.results} (commit {str(head['commit'])[:7]}"
-          f"{', dirty tree' if head['dirty'] else ''})")
+    bl.save_record(args.results, head | {"rows": [asdict(r) for r in rows]})
     return 0
 
 

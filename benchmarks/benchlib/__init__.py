@@ -19,8 +19,8 @@ and goal grading. Scripts do ``import benchlib as bl`` (every name below is re-e
   ``scrape`` for Prometheus text endpoints.
 - **results** (``results``): ``run_info``, the JSON line's common head (time, git commit,
   whether the tree was dirty, kernel, Python, CPUs, argv), taken at the start of a run before
-  it writes anything into the tree; ``append_jsonl``; ``Figure`` (median (min-max) of runs);
-  ``markdown_table``.
+  it writes anything into the tree; ``append_jsonl`` and ``save_record``; ``Figure``
+  (median (min-max) of runs); ``markdown_table``.
 - **goals** (``goals``): ``Goal`` rows copied word for word from an issue, graded by ``grade``
   into PASS / MISS against the issue's own number, REPORTED where the issue states no number,
   NOT MEASURED where the run has no figure (never a pass); ``format_grades``,
@@ -78,7 +78,15 @@ from .procs import (
     wait_port,
     which,
 )
-from .results import Figure, append_jsonl, git_info, jsonable, markdown_table, run_info
+from .results import (
+    Figure,
+    append_jsonl,
+    git_info,
+    jsonable,
+    markdown_table,
+    run_info,
+    save_record,
+)
 
 __all__ = [
     "CEILING_READY_RE", "CLK_TCK", "HERE", "HUB_READY_RE", "KIB", "MIB", "OPS", "REPO",
@@ -88,6 +96,6 @@ __all__ = [
     "ceiling_mount", "child_env", "drop_caches", "format_grades", "free_port", "fuse_process",
     "fusermount", "git_info", "grade", "grades_json", "is_mounted", "jsonable", "kill_mount",
     "link_counters", "machine_ticks", "markdown_table", "open_link", "print_goals",
-    "proc_cpu_ticks", "rclone_mount", "rclone_serve", "run_hub", "run_info", "scrape",
-    "spoke_mount", "top_processes", "unmount", "wait_mounted", "wait_port", "which",
+    "proc_cpu_ticks", "rclone_mount", "rclone_serve", "run_hub", "run_info", "save_record",
+    "scrape", "spoke_mount", "top_processes", "unmount", "wait_mounted", "wait_port", "which",
 ]

@@ -58,6 +58,13 @@ def append_jsonl(path: Path, record: dict[str, Any]) -> None:
         f.write(json.dumps(jsonable(record)) + "\n")
 
 
+def save_record(path: Path, record: dict[str, Any], note: str = "") -> None:
+    """Append the record (whose head is ``run_info``'s) and say where, at which commit."""
+    append_jsonl(path, record)
+    print(f"\n{note}appended to {path} (commit {str(record.get('commit'))[:7]}"
+          f"{', dirty tree' if record.get('dirty') else ''})", flush=True)
+
+
 @dataclass
 class Figure:
     """Samples of one measurement over runs; summarised as median (min-max)."""
