@@ -511,13 +511,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="1 run, small sizes, no 1M tree, no rclone find, 20 s budgets (<= 5 min)")
     p.add_argument("--smoke", action="store_true",
-                   help="CI: 4 ms RTT, tiny data sets, spokefs and local only, 1 run (~20 s)")
+                   help="CI: 4 ms RTT, tiny data sets, 1 run, spokefs and local unless "
+                        "--systems says otherwise (~25 s)")
     p.add_argument("--rtts", default="60,900", help="RTTs in ms (60,900)")
     p.add_argument("--meta-rtts", default="60", help="RTTs at which to run meta (60)")
     p.add_argument("--runs", type=int, default=3, help="runs of rand, small, meta 10k (3)")
     p.add_argument("--heavy-runs", type=int, default=1, help="runs of seq and meta 1M (1)")
     p.add_argument("--only", default=",".join(WORKLOADS), help="workloads (seq,rand,small,meta)")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help="spokefs,rclone,local")
+    p.add_argument("--systems", help="spokefs,rclone,local (all; --smoke: spokefs,local)")
     p.add_argument("--rate-mbit", type=float, default=1000.0, help="link cap (1000)")
     p.add_argument("--window-bytes", type=int, default=4 * MIB, help="window per conn (4 MiB)")
     p.add_argument("--seq-mib", type=_pair, default=(1024, 512),
@@ -558,12 +559,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.seq_mib, args.rand_reads = (16, 16), (40, 40)
         args.small_dirs, args.budget_s, args.seq_budget_s = SMOKE.small_dirs, 20.0, 20.0
         args.meta_entries, args.rclone_meta_max, args.meta_timeout_s = "1000", 0, 60.0
-        args.systems = ",".join(s for s in args.systems.split(",") if s != "rclone")
+        args.systems = args.systems or "spokefs,local"
         args.max_seconds = min(args.max_seconds, 180.0)
     args.rtts = [int(x) for x in args.rtts.split(",")]
     args.meta_rtts = [int(x) for x in args.meta_rtts.split(",") if x]
     args.only = [w for w in args.only.split(",") if w]
-    args.systems = [s for s in args.systems.split(",") if s]
+    args.systems = [s for s in (args.systems or ",".join(SYSTEMS)).split(",") if s]
     args.meta_entries = [int(x) for x in args.meta_entries.split(",") if x]
     bad = set(args.only) - set(WORKLOADS) | set(args.systems) - set(SYSTEMS)
     if bad:

@@ -35,6 +35,7 @@ from __future__ import annotations
 from .common import HERE, KIB, MIB, REPO, BenchError, BudgetExhausted, Deadline
 from .goals import OPS, Goal, Grade, format_grades, grade, grades_json, print_goals
 from .link import (
+    SERIES_STATUS_MS,
     STATUS_PERIOD_S,
     LinkCounters,
     LinkSeries,
@@ -90,7 +91,8 @@ from .results import (
 
 __all__ = [
     "CEILING_READY_RE", "CLK_TCK", "HERE", "HUB_READY_RE", "KIB", "MIB", "OPS", "REPO",
-    "SPOKE_READY_RE", "STATUS_PERIOD_S", "STOP_TIMEOUT_S", "BenchError", "BudgetExhausted",
+    "SERIES_STATUS_MS", "SPOKE_READY_RE", "STATUS_PERIOD_S", "STOP_TIMEOUT_S", "BenchError",
+    "BudgetExhausted",
     "CpuMeter", "Deadline", "Figure", "Goal", "Grade", "Hub", "LinkCounters", "LinkSeries",
     "LinkSpec", "Mount", "Proc", "Series", "Unmounted", "all_ticks", "append_jsonl",
     "ceiling_mount", "child_env", "drop_caches", "format_grades", "free_port", "fuse_process",

@@ -42,9 +42,10 @@ class LinkSpec:
 
 @contextlib.contextmanager
 def open_link(upstream_port: int, spec: LinkSpec) -> Iterator[LongLinkProcess]:
-    """longlink.py in front of 127.0.0.1:upstream_port; ``link.port`` is where to connect."""
+    """longlink.py in front of 127.0.0.1:upstream_port; ``link.port`` is where to connect. Its
+    status file is rewritten every SERIES_STATUS_MS, so LinkSeries reads rates finely."""
     with LongLinkProcess(("127.0.0.1", upstream_port), spec.delay_ms, spec.rate_mbit,
-                         spec.window_bytes) as link:
+                         spec.window_bytes, ("--status-ms", str(SERIES_STATUS_MS))) as link:
         yield link
 
 
@@ -62,7 +63,10 @@ class LinkCounters:
                             self.connections - other.connections)
 
 
-STATUS_PERIOD_S = 0.2  # longlink.py rewrites its status file this often
+STATUS_PERIOD_S = 0.2  # longlink.py rewrites its status file at least this often
+# open_link's emulators rewrite it every 50 ms: a rate over a pass is then exact to 50 ms
+# (about 0.5 % of a 10 s pass); a to_thread hop and a 150-byte write 20 times a second.
+SERIES_STATUS_MS = 50
 
 
 def link_counters(link: LongLinkProcess | None, fresh: bool = True) -> LinkCounters:
@@ -72,13 +76,24 @@ def link_counters(link: LongLinkProcess | None, fresh: bool = True) -> LinkCount
         return LinkCounters()
     if fresh:
         time.sleep(STATUS_PERIOD_S * 1.5)
-    try:
-        at = link.status_file.stat().st_mtime
-    except OSError:
-        at = 0.0
-    s = link.statistics()
+    for _ in range(3):  # the file is replaced under us: keep a reading whose stamp is its own
+        before = _stamp(link)
+        s = link.statistics()
+        if (at := _stamp(link)) == before:
+            break
+    else:
+        at = (0, 0.0)
     return LinkCounters(int(s.get("bytes_down", 0)), int(s.get("bytes_up", 0)),
-                        int(s.get("connections_accepted", 0)), at)
+                        int(s.get("connections_accepted", 0)), at[1])
+
+
+def _stamp(link: LongLinkProcess) -> tuple[int, float]:
+    """(inode, mtime) of the status file; (0, 0.0) if it is missing."""
+    try:
+        st = link.status_file.stat()
+    except OSError:
+        return 0, 0.0
+    return st.st_ino, st.st_mtime
 
 
 class LinkSeries:
@@ -93,7 +108,7 @@ class LinkSeries:
 
     COLS = ("t", "bytes_down", "bytes_up", "connections")
 
-    def __init__(self, link: LongLinkProcess, period_s: float = STATUS_PERIOD_S / 2) -> None:
+    def __init__(self, link: LongLinkProcess, period_s: float = SERIES_STATUS_MS / 2000) -> None:
         self.link = link
         self.period_s = period_s
         self.rows: list[tuple[float, int, int, int]] = []
