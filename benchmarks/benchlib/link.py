@@ -158,7 +158,11 @@ class LinkSeries:
         """Bytes/s the link delivered towards the reader between t0 and t1."""
         return self.delivered(t0, t1) / (t1 - t0) if t1 > t0 else 0.0
 
-    def as_json(self, t0: float) -> dict[str, Any]:
-        """{"cols", "rows"} with t as seconds since t0."""
-        return {"cols": list(self.COLS),
-                "rows": [[round(r[0] - t0, 3), *r[1:]] for r in self.rows]}
+    def as_json(self, t0: float, step_s: float = 0.5) -> dict[str, Any]:
+        """{"cols", "rows"} with t as seconds since t0; rows at least step_s apart (and the
+        last one), so a JSON line stays small."""
+        kept: list[tuple[float, int, int, int]] = []
+        for r in self.rows:
+            if not kept or r[0] - kept[-1][0] >= step_s or r is self.rows[-1]:
+                kept.append(r)
+        return {"cols": list(self.COLS), "rows": [[round(r[0] - t0, 3), *r[1:]] for r in kept]}
