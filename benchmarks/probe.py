@@ -93,6 +93,7 @@ class Probe:
         }
         if self.link is not None:
             self.link.stop(settle_s)
+        if self.link is not None and self.link.rows:  # none if the emulator wrote no status
             first, last = self.link.rows[0], self.link.rows[-1]
             out |= {"link_bytes_down": last[1] - first[1], "link_bytes_up": last[2] - first[2],
                     "link_connections_accepted": last[3] - first[3],
