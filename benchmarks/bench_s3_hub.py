@@ -56,6 +56,11 @@ BUCKET = "bench-hub"
 REQUEST_BYTES = (4 << 20) - (256 << 10)  # spokefs PrefetchConfig.request_bytes
 IN_FLIGHT = 8
 MB = 1e6
+GOALS = [
+    bl.Goal("Hub CPU per MB served from the bucket <= 2 x the directory hub's",
+            "ratio_big_hub_cpu_per_mb_s3_over_dir",
+            "bucket / directory, hub CPU per MB of 3.75 MiB ranges", "<=", 2.0),
+]
 
 
 def cpu_self() -> float:
@@ -207,6 +212,8 @@ def main() -> int:
     parser.add_argument("--big-mib", type=int, default=8)
     parser.add_argument("--small-files", type=int, default=1000)
     parser.add_argument("--small-kib", type=int, default=16)
+    parser.add_argument("--results", type=Path, default=HERE / "results" / "s3_hub.jsonl",
+                        help="JSON lines file to append this run's record to")
     args = parser.parse_args()
     info = bl.run_info(Path(__file__).name)  # the commit and tree measured, taken at start
     figures: dict[str, bl.Figure] = {}
@@ -256,12 +263,17 @@ def main() -> int:
             d = figures[f"dir_{which}_hub_cpu_ms_{unit}"].samples
             s = figures[f"s3_{which}_hub_cpu_ms_{unit}"].samples
             for a, b in zip(d, s, strict=True):
-                add(f"ratio_{which}_hub_cpu_{unit}_s3_over_dir", b / a)
+                if a > 0:  # a tiny run may not last one clock tick (10 ms): no ratio then
+                    add(f"ratio_{which}_hub_cpu_{unit}_s3_over_dir", b / a)
     rows = [(name, fig.text("{:.3f}")) for name, fig in sorted(figures.items())]
     print(bl.markdown_table(("figure", "median (min-max)"), rows))
-    bl.append_jsonl(HERE / "results" / "s3_hub.jsonl", {
+    medians = {k: v.median() for k, v in figures.items()}
+    grades = bl.grade(GOALS, [None], lambda goal, _rtt: (medians.get(goal.key), "median"))
+    print(bl.format_grades(grades))
+    bl.save_record(args.results, {
         **info, "config": vars(args), "in_flight": IN_FLIGHT,
         "request_bytes": REQUEST_BYTES, "figures": {k: v.summary() for k, v in figures.items()},
+        "grades": bl.grades_json(grades),
     })
     return 0
 

@@ -151,6 +151,8 @@ def main() -> int:
     parser.add_argument("--small", type=int, default=1000)
     parser.add_argument("--small-kib", type=int, default=64)
     parser.add_argument("--max-seconds", type=float, default=1800.0)
+    parser.add_argument("--results", type=Path, default=HERE / "results" / "s3_link.jsonl",
+                        help="JSON lines file to append this run's record to")
     args = parser.parse_args()
     info = bl.run_info(Path(__file__).name)
     deadline = bl.Deadline(args.max_seconds)
@@ -195,7 +197,9 @@ def main() -> int:
                     add("ratio_shards_mb_per_s", s["shards_mb_per_s"] / d["shards_mb_per_s"])
                     add("ratio_small_files_per_s",
                         s["small_files_per_s"] / d["small_files_per_s"])
-                    add("ratio_hub_cpu_per_mb", s["hub_cpu_ms_per_mb"] / d["hub_cpu_ms_per_mb"])
+                    if d["hub_cpu_ms_per_mb"] > 0:  # a tiny run may not last a clock tick
+                        add("ratio_hub_cpu_per_mb",
+                            s["hub_cpu_ms_per_mb"] / d["hub_cpu_ms_per_mb"])
                     add("s3_link_over_dataset", s["link_over_dataset"])
                     print(f"run {run + 1}: shards {d['shards_mb_per_s']:.0f} / "
                           f"{s['shards_mb_per_s']:.0f} MB/s, small "
@@ -209,12 +213,13 @@ def main() -> int:
     print(spec.describe())
     print(bl.markdown_table(("figure", "median (min-max)"), rows))
     medians = {k: v.median() for k, v in figures.items()}
-    rtt = int(args.rtt_ms)
-    print(bl.format_grades(bl.grade(GOALS, [rtt],
-                                    lambda goal, _rtt: (medians.get(goal.key), "median"))))
-    bl.append_jsonl(HERE / "results" / "s3_link.jsonl", {
+    grades = bl.grade(GOALS, [int(args.rtt_ms)],
+                      lambda goal, _rtt: (medians.get(goal.key), "median"))
+    print(bl.format_grades(grades))
+    bl.save_record(args.results, {
         **info, "config": vars(args), "link": spec.describe(),
-        "figures": {k: v.summary() for k, v in figures.items()}})
+        "figures": {k: v.summary() for k, v in figures.items()},
+        "grades": bl.grades_json(grades)})
     return 0
 
 
