@@ -10,13 +10,21 @@ ever waits for a store, and a chunk is released to its waiters the moment its by
 A reader looks in the cache and claims what it misses in one synchronous stretch (no await
 between), so it can never fetch again what another task has just staged.
 
-- ``demand``: the blocks a read is missing. Fetches the ones nobody is fetching, waits for
-  the rest. Demand requests go straight to the hub: no prefetch limit applies, so prefetch
-  can never starve them.
+Ranges are whole chunks (a chunk is one 64 KiB frame of the framed blob, verified whole),
+asked for on the hub client's grid (``HubClient.align_bytes``: a tier's 1 MiB cache slice,
+or one frame straight to the hub): a request is widened to the grid, the free chunks of
+the widened range are claimed too (so what is fetched is kept), and only claimed chunks
+are staged. So three spokes behind one tier ask it for the same slices.
+
+- ``demand``: the blocks a read is missing. Fetches the chunks nobody is fetching, waits
+  for the rest. Demand requests go straight to the hub: no prefetch limit applies, so
+  prefetch can never starve them.
+- ``demand_pack``: a small file a read is missing, through its directory's pack (never
+  alone: behind a tier, each small file must have one URL).
 - ``prefetch_range``: whole chunks of a byte range that are neither cached nor in flight;
   never waits for others.
-- ``prefetch_files``: whole small files in one pack request, each released to its waiters
-  as soon as its last byte has streamed in.
+- ``fetch_pack``: the members of one pack that are neither cached nor in flight, each
+  released to its waiters as soon as its last byte has streamed in.
 
 Prefetched chunks are remembered (bounded) until a demand read uses them, which gives the
 prefetch "used" figure; "wasted" is what was prefetched and evicted or never read.
@@ -24,6 +32,7 @@ prefetch "used" figure; "wasted" is what was prefetched and evicted or never rea
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 
 import trio
@@ -31,12 +40,12 @@ import trio
 from hubd import wire
 from spokefs import metrics
 from spokefs.block_cache import ORIGIN_DEMAND, ORIGIN_PREFETCH, ORIGIN_WARM, BlockCache
-from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
-from spokefs.errors import single_spoke_error
+from spokefs.config import CHUNK_BLOCKS, CHUNK_SIZE
+from spokefs.errors import StaleExport, single_spoke_error
 from spokefs.hub_client import HubClient
 from spokefs.types import FileVersion
 
-_RUN_BLOCKS = wire.MAX_RANGE_BYTES // BLOCK_SIZE
+_RUN_CHUNKS = wire.MAX_RANGE_BYTES // CHUNK_SIZE
 _TRACKED_PREFETCH_CHUNKS = 1 << 20  # ~100 MiB of bookkeeping at most
 
 ChunkKey = tuple[int, int, int]
@@ -54,25 +63,38 @@ class Fetcher:
     # -- demand ---------------------------------------------------------------------
 
     async def demand(self, fv: FileVersion, missing: list[int]) -> None:
-        """Fetch the missing blocks whose chunks nobody else is fetching and stage them;
-        wait for the rest. Afterwards the blocks are in the cache unless a fetch failed
+        """Fetch the chunks of the missing blocks that nobody else is fetching and stage
+        them; wait for the rest. Afterwards the blocks are in the cache unless a fetch failed
         (raised) or the cache dropped them meanwhile (the caller looks again)."""
         chunks = sorted({i // CHUNK_BLOCKS for i in missing})
         claimed, waits = self._claim(fv, chunks)
-        mine = [i for i in missing if (fv.file_id, fv.version, i // CHUNK_BLOCKS) in claimed]
+        claimed |= self._claim_rest_of_grid(fv, chunks)
         try:
-            runs = _runs(mine, _RUN_BLOCKS)
+            runs = self._grid_runs(fv, claimed)
             if len(runs) == 1:
-                await self._fetch_stage(fv, runs[0], ORIGIN_DEMAND)
+                await self._fetch_stage(fv, runs[0], claimed, ORIGIN_DEMAND)
             elif runs:
                 with single_spoke_error():
                     async with trio.open_nursery() as nursery:
                         for run in runs:
-                            nursery.start_soon(self._fetch_stage, fv, run, ORIGIN_DEMAND)
+                            nursery.start_soon(self._fetch_stage, fv, run, claimed,
+                                               ORIGIN_DEMAND)
         finally:
             self._release(claimed)
         for event in waits:
             await event.wait()
+
+    async def demand_pack(self, plan: wire.PackPlan, fv: FileVersion) -> None:
+        """Fetch ``fv`` (a member of ``plan``) through its pack, or wait for whoever fetches
+        it; the other members nobody is fetching come along and are staged as prefetched."""
+        waiting = self._inflight.get((fv.file_id, fv.version, 0))
+        # StaleExport: the hub's packs of the directory differ (another generation): below
+        with contextlib.suppress(StaleExport):
+            await self.fetch_pack(plan, demanded=fv)
+        if waiting is not None:
+            await waiting.wait()
+        if not self.busy_or_cached(fv):  # gone from the pack, or the pack is stale: alone
+            await self.demand(fv, list(range(fv.blocks())))
 
     def note_used(self, fv: FileVersion, first: int, last: int) -> None:
         """Count prefetched chunks that a read has now used."""
@@ -105,45 +127,54 @@ class Fetcher:
         present = self.cache.present_chunks_now(fv, first_chunk, last_chunk)
         wanted = [c for c in range(first_chunk, last_chunk + 1) if c not in present]
         claimed, _ = self._claim(fv, wanted)
+        claimed |= self._claim_rest_of_grid(fv, wanted)
         try:
-            chunks = sorted(ci for _, _, ci in claimed)
-            blocks = [b for ci in chunks for b in _chunk_blocks(ci, fv.blocks())]
             origin = ORIGIN_WARM if warm else ORIGIN_PREFETCH
             # callers pass about one request's worth, so this is usually one range request
             nbytes = 0
-            for run in _runs(blocks, _RUN_BLOCKS):
-                nbytes += await self._fetch_stage(fv, run, origin)
+            for run in self._grid_runs(fv, claimed):
+                nbytes += await self._fetch_stage(fv, run, claimed, origin)
             if not warm:  # warmed bytes are asked for, not guessed: no prefetch accounting
-                self._remember_prefetched(fv, chunks)
+                self._remember_prefetched(fv, sorted(ci for _, _, ci in claimed))
                 metrics.PREFETCH_ISSUED_BYTES.inc(nbytes)
             return nbytes
         finally:
             self._release(claimed)
 
-    async def prefetch_files(self, files: list[FileVersion]) -> list[FileVersion]:
-        """Fetch small, non-empty files whole in one pack request; the files fetched.
+    async def fetch_pack(self, plan: wire.PackPlan,
+                         demanded: FileVersion | None = None) -> list[FileVersion]:
+        """Fetch the members of a pack that are neither cached, staged nor in flight; the
+        members fetched (none if every member is taken care of already). ``demanded``: the
+        member a read waits for (staged as a demand fetch, not counted as prefetched).
 
-        Files already cached, staged or in flight are left out; each file is staged and
-        released to its waiters as soon as it has arrived, before the pack ends.
+        Each member is staged and released to its waiters as soon as it has arrived,
+        before the pack ends; members cached or in flight are skipped on arrival.
         """
-        await self.cache.wait_room()
-        free = {(f.file_id, f.version): f for f in files if f.size and not self.busy_or_cached(f)}
+        if demanded is None:  # a read never waits for the writer
+            await self.cache.wait_room()
+        members = [FileVersion(*m) for m in plan.members]
+        free = {(f.file_id, f.version): f for f in members if not self.busy_or_cached(f)}
         if not free:
             return []
         claims = {key: self._claim(f, list(range(f.chunks())))[0] for key, f in free.items()}
         fetched: list[FileVersion] = []
 
         def arrived(key: tuple[int, int], data: bytes | None) -> None:
+            claimed = claims.pop(key, None)
+            if claimed is None:
+                return  # cached or fetched by someone else meanwhile
             f = free[key]
-            if data is not None:  # None: gone on the hub; a later open sees the new version
+            if data is not None and f == demanded:
+                self.cache.stage(f.file_id, f.version, [(0, data)], ORIGIN_DEMAND)
+            elif data is not None:  # None: gone on the hub; a later open sees the new version
                 self.cache.stage(f.file_id, f.version, [(0, data)], ORIGIN_PREFETCH)
                 self._remember_prefetched(f, list(range(f.chunks())))
                 metrics.PREFETCH_ISSUED_BYTES.inc(len(data))
                 fetched.append(f)
-            self._release(claims.pop(key))
+            self._release(claimed)
 
         try:
-            await self._hub.fetch_pack(list(free), arrived)
+            await self._hub.fetch_pack(plan, arrived)
         finally:
             for claimed in claims.values():
                 self._release(claimed)
@@ -176,11 +207,55 @@ class Fetcher:
         for key in claimed:
             self._inflight.pop(key).set()
 
-    async def _fetch_stage(self, fv: FileVersion, run: range, origin: int) -> int:
-        start = run.start * BLOCK_SIZE
-        stop = min(run.stop * BLOCK_SIZE, fv.size)
-        data = await self._hub.fetch_range(fv.file_id, fv.version, start, stop - start)
-        self.cache.stage(fv.file_id, fv.version, [(run.start, data)], origin)
+    def _claim_rest_of_grid(self, fv: FileVersion, chunks: list[int]) -> set[ChunkKey]:
+        """Claim the free, missing chunks of the grid cells that ``chunks`` touch (what a
+        request widened to the grid fetches anyway)."""
+        grid = self._hub.align_bytes // CHUNK_SIZE
+        if grid <= 1 or not chunks:
+            return set()
+        last = fv.chunks() - 1
+        extra: list[int] = []
+        for cell in sorted({c // grid for c in chunks}):
+            lo, hi = cell * grid, min(cell * grid + grid - 1, last)
+            present = self.cache.present_chunks_now(fv, lo, hi)
+            extra.extend(c for c in range(lo, hi + 1)
+                         if c not in present and (fv.file_id, fv.version, c) not in
+                         self._inflight)
+        return self._claim(fv, extra)[0]
+
+    def _grid_runs(self, fv: FileVersion, claimed: set[ChunkKey]) -> list[range]:
+        """The claimed chunks as ranges of chunks widened to the grid, none longer than
+        ``_RUN_CHUNKS`` (one request each)."""
+        grid = self._hub.align_bytes // CHUNK_SIZE
+        last = fv.chunks()
+        cells = sorted({ci // grid for _, _, ci in claimed})
+        runs: list[range] = []
+        for cell in cells:
+            lo, hi = cell * grid, min(cell * grid + grid, last)
+            if runs and runs[-1].stop == lo and len(runs[-1]) + (hi - lo) <= _RUN_CHUNKS:
+                runs[-1] = range(runs[-1].start, hi)
+            else:
+                runs.append(range(lo, hi))
+        return runs
+
+    async def _fetch_stage(self, fv: FileVersion, run: range, claimed: set[ChunkKey],
+                           origin: int) -> int:
+        """Fetch chunks ``run`` and stage those of them in ``claimed``; bytes fetched."""
+        start = run.start * CHUNK_SIZE
+        stop = min(run.stop * CHUNK_SIZE, fv.size)
+        data = await self._hub.fetch_frames(fv.file_id, fv.version, fv.size, start, stop)
+        pieces: list[tuple[int, bytes]] = []  # (first block, bytes) of claimed stretches
+        ci = run.start
+        while ci < run.stop:
+            stop = ci
+            while stop < run.stop and (fv.file_id, fv.version, stop) in claimed:
+                stop += 1
+            if stop > ci:
+                off = (ci - run.start) * CHUNK_SIZE
+                pieces.append((ci * CHUNK_BLOCKS, data[off : off + (stop - ci) * CHUNK_SIZE]))
+            ci = stop + 1
+        if pieces:
+            self.cache.stage(fv.file_id, fv.version, pieces, origin)
         return len(data)
 
     def _remember_prefetched(self, fv: FileVersion, chunks: list[int]) -> None:
@@ -190,18 +265,3 @@ class Fetcher:
             self._prefetched[(fv.file_id, fv.version, ci)] = nbytes
         while len(self._prefetched) > _TRACKED_PREFETCH_CHUNKS:
             self._prefetched.popitem(last=False)
-
-
-def _chunk_blocks(ci: int, nblocks: int) -> range:
-    return range(ci * CHUNK_BLOCKS, min((ci + 1) * CHUNK_BLOCKS, nblocks))
-
-
-def _runs(indexes: list[int], max_len: int) -> list[range]:
-    """Sorted block indexes as contiguous runs, none longer than ``max_len``."""
-    runs: list[range] = []
-    for idx in sorted(indexes):
-        if runs and runs[-1].stop == idx and len(runs[-1]) < max_len:
-            runs[-1] = range(runs[-1].start, idx + 1)
-        else:
-            runs.append(range(idx, idx + 1))
-    return runs

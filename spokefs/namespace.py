@@ -485,6 +485,28 @@ class Namespace:
         return [(fid, version, size) for fid, mode, size, version in self._children(dir_id)
                 if mode & 0o170000 == stat.S_IFREG]
 
+    def dir_files_named(self, dir_id: int) -> list[tuple[bytes, int, int, int]]:
+        """``(name, file_id, version, size)`` of the regular files in a directory: what
+        ``wire.plan_packs`` takes. Blocking for a large directory: callers run it in a
+        thread."""
+        prefix = _ID.pack(dir_id)
+        unpack_attr = _ATTR.unpack_from
+        out = []
+        with self._env.begin() as txn:
+            cur = txn.cursor(db=self._dpos)
+            if not cur.set_range(prefix):
+                return out
+            get, attr_db = txn.get, self._attr
+            for key, value in cur:
+                if key[:8] != prefix:
+                    break
+                raw = get(value[:8], db=attr_db)
+                if raw is not None:
+                    mode, size, _, _, version, _ = unpack_attr(raw)
+                    if mode & 0o170000 == stat.S_IFREG:
+                        out.append((bytes(value[8:]), _ID.unpack_from(value)[0], version, size))
+        return out
+
     def subdirs(self, dir_id: int) -> list[int]:
         """Ids of the subdirectories of a directory (by file id). Blocking for a large
         directory: callers run it in a thread."""
