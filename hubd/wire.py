@@ -388,9 +388,9 @@ def plan_packs(dir_id: int, files: Iterable[tuple[bytes, int, int, int]]) -> lis
 
 
 def parse_pack_index(text: str) -> int:
-    """A pack index from a URL; raises WireError unless decimal and below MAX_PACK_FILES
-    times the largest directory (2**32)."""
-    if not text.isascii() or not text.isdigit() or len(text) > 10:
+    """A pack index from a URL; raises WireError unless it is canonical decimal (no leading
+    zero: one pack, one URL) of at most 10 digits."""
+    if not text.isascii() or not text.isdigit() or len(text) > 10 or text != str(int(text)):
         raise WireError(f"bad pack index {text[:40]!r}: want a decimal number")
     return int(text)
 
