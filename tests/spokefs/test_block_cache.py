@@ -12,6 +12,7 @@ from pathlib import Path
 import lmdb
 import pytest
 import trio
+from spoke_fakes import FakeHub
 
 from spokefs import metrics
 from spokefs.block_cache import (
@@ -26,8 +27,6 @@ from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
 from spokefs.fetcher import Fetcher
 from spokefs.reader import Reader
 from spokefs.types import FileVersion
-
-from spoke_fakes import FakeHub
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,15 +5,15 @@ import random
 
 import pytest
 import trio
+from spoke_fakes import FakeHub
 
+from hubd import wire
 from spokefs.block_cache import BlockCache
-from spokefs.config import BLOCK_SIZE
+from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
 from spokefs.errors import HubUnavailable
 from spokefs.fetcher import Fetcher
 from spokefs.reader import Reader
 from spokefs.types import FileVersion
-
-from spoke_fakes import FakeHub
 
 SMALL = 64 << 10
 
@@ -45,15 +45,40 @@ async def test_second_read_is_served_from_cache(tmp_path):
     assert len(hub.calls) == 1
 
 
-async def test_random_reads_fetch_only_their_blocks(tmp_path):
+async def test_random_reads_fetch_only_their_chunks(tmp_path):
+    """A random 4 KiB read moves its 64 KiB chunk (one frame, verified whole), no more."""
     data = os.urandom(BLOCK_SIZE * 1000)
     hub, reader = make(tmp_path, {(3, 1): data})
     stream = reader.open(FileVersion(3, 1, len(data)), 2)
-    for idx in random.Random(2).sample(range(1000), 50):
+    picked = random.Random(2).sample(range(1000), 50)
+    for idx in picked:
         assert await reader.read(stream, idx * BLOCK_SIZE, BLOCK_SIZE) == data[
             idx * BLOCK_SIZE : (idx + 1) * BLOCK_SIZE
         ]
-    assert sum(length for *_, length in hub.calls) == 50 * BLOCK_SIZE
+    chunks = {idx // CHUNK_BLOCKS for idx in picked}
+    want = sum(min(CHUNK_SIZE, len(data) - c * CHUNK_SIZE) for c in chunks)
+    assert sum(length for *_, length in hub.calls) == want
+    assert len(hub.calls) == len(chunks)
+
+
+async def test_through_a_tier_ranges_start_and_end_on_the_slice_grid(tmp_path):
+    """Behind a tier every range is whole 1 MiB slices (or ends at EOF), and what the
+    widened range brought is kept: a read elsewhere in that slice needs no request."""
+    mib = wire.SLICE_DATA_BYTES
+    data = os.urandom(3 * mib + 5000)
+    hub, reader = make(tmp_path, {(3, 1): data})
+    hub.align_bytes = mib  # FakeHub refuses any range off this grid
+    stream = reader.open(FileVersion(3, 1, len(data)), 2)
+    assert await reader.read(stream, mib + 70000, 4096) == data[mib + 70000 : mib + 74096]
+    assert hub.calls == [(3, 1, mib, mib)]
+    assert await reader.read(stream, 2 * mib - 4096, 4096) == data[2 * mib - 4096 : 2 * mib]
+    assert len(hub.calls) == 1
+    assert await reader.read(stream, 3 * mib + 100, 100) == data[3 * mib + 100 : 3 * mib + 200]
+    assert hub.calls[-1] == (3, 1, 3 * mib, 5000)  # the last slice ends at EOF
+    rng = random.Random(3)
+    for _ in range(50):
+        off = rng.randrange(0, len(data))
+        assert await reader.read(stream, off, 70000) == data[off : off + 70000]
 
 
 async def test_small_file_is_fetched_whole_on_first_read(tmp_path):
@@ -107,8 +132,9 @@ class _DownHub(FakeHub):
         super().__init__({})
         self.deadline_s = deadline_s
 
-    async def fetch_range(self, file_id: int, version: int, start: int, length: int) -> bytes:
-        self.calls.append((file_id, version, start, length))
+    async def fetch_frames(self, file_id: int, version: int, size: int,
+                           start: int, stop: int) -> bytes:
+        self.calls.append((file_id, version, start, stop - start))
         await trio.sleep(self.deadline_s)
         raise HubUnavailable("hub away")
 
