@@ -8,7 +8,7 @@ slice at a time, and the deterministic packs of a directory.
   ``piece(i)`` then reads, checks and frames the i-th slice of the answer in one executor
   hop: data by ``os.pread``, an ``fstat`` after it (a
   write during the answer changes the version: the answer stops short, and the spoke,
-  which knows the length it asked for, refuses it), one seeded xxh3 per 64 KiB frame.
+  which knows the length it asked for, refuses it), one seeded xxh3 per 4 KiB frame.
   Any range of any size is answered this way, the whole file included, with at most one
   slice (``wire.SLICE_BYTES``) in memory per request.
 - ``PackPlans``: ``wire.plan_packs`` of a directory of the current snapshot, computed once

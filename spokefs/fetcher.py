@@ -10,11 +10,12 @@ ever waits for a store, and a chunk is released to its waiters the moment its by
 A reader looks in the cache and claims what it misses in one synchronous stretch (no await
 between), so it can never fetch again what another task has just staged.
 
-Ranges are whole chunks (a chunk is one 64 KiB frame of the framed blob, verified whole),
-asked for on the hub client's grid (``HubClient.align_bytes``: a tier's 1 MiB cache slice,
-or one frame straight to the hub): a request is widened to the grid, the free chunks of
-the widened range are claimed too (so what is fetched is kept), and only claimed chunks
-are staged. So three spokes behind one tier ask it for the same slices.
+Ranges are asked for on the hub client's grid (``HubClient.align_bytes``: a tier's 1 MiB
+cache slice, or one 4 KiB frame, i.e. one block, straight to the hub): a run of missing
+blocks is widened to the grid, the free chunks of the widened range are claimed too (so
+what is fetched is kept), and only blocks of claimed chunks are staged. So the spokes
+behind one tier ask it for the same slices, and a random 4 KiB read straight to the hub
+still moves 4 KiB.
 
 - ``demand``: the blocks a read is missing. Fetches the chunks nobody is fetching, waits
   for the rest. Demand requests go straight to the hub: no prefetch limit applies, so
@@ -40,12 +41,12 @@ import trio
 from hubd import wire
 from spokefs import metrics
 from spokefs.block_cache import ORIGIN_DEMAND, ORIGIN_PREFETCH, ORIGIN_WARM, BlockCache
-from spokefs.config import CHUNK_BLOCKS, CHUNK_SIZE
+from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
 from spokefs.errors import StaleExport, single_spoke_error
 from spokefs.hub_client import HubClient
 from spokefs.types import FileVersion
 
-_RUN_CHUNKS = wire.MAX_RANGE_BYTES // CHUNK_SIZE
+_RUN_BLOCKS = wire.MAX_RANGE_BYTES // BLOCK_SIZE
 _TRACKED_PREFETCH_CHUNKS = 1 << 20  # ~100 MiB of bookkeeping at most
 
 ChunkKey = tuple[int, int, int]
@@ -68,9 +69,12 @@ class Fetcher:
         (raised) or the cache dropped them meanwhile (the caller looks again)."""
         chunks = sorted({i // CHUNK_BLOCKS for i in missing})
         claimed, waits = self._claim(fv, chunks)
-        claimed |= self._claim_rest_of_grid(fv, chunks)
+        extra = self._claim_rest_of_grid(fv, chunks)
+        mine = [i for i in missing if (fv.file_id, fv.version, i // CHUNK_BLOCKS) in claimed]
+        claimed |= extra
+        mine.extend(b for _, _, ci in extra for b in _chunk_blocks(ci, fv.blocks()))
         try:
-            runs = self._grid_runs(fv, claimed)
+            runs = self._grid_runs(fv, mine)
             if len(runs) == 1:
                 await self._fetch_stage(fv, runs[0], claimed, ORIGIN_DEMAND)
             elif runs:
@@ -132,7 +136,8 @@ class Fetcher:
             origin = ORIGIN_WARM if warm else ORIGIN_PREFETCH
             # callers pass about one request's worth, so this is usually one range request
             nbytes = 0
-            for run in self._grid_runs(fv, claimed):
+            blocks = [b for _, _, ci in claimed for b in _chunk_blocks(ci, fv.blocks())]
+            for run in self._grid_runs(fv, blocks):
                 nbytes += await self._fetch_stage(fv, run, claimed, origin)
             if not warm:  # warmed bytes are asked for, not guessed: no prefetch accounting
                 self._remember_prefetched(fv, sorted(ci for _, _, ci in claimed))
@@ -209,7 +214,8 @@ class Fetcher:
 
     def _claim_rest_of_grid(self, fv: FileVersion, chunks: list[int]) -> set[ChunkKey]:
         """Claim the free, missing chunks of the grid cells that ``chunks`` touch (what a
-        request widened to the grid fetches anyway)."""
+        request widened to the grid fetches anyway); none when the grid is finer than a
+        chunk (straight to the hub)."""
         grid = self._hub.align_bytes // CHUNK_SIZE
         if grid <= 1 or not chunks:
             return set()
@@ -223,37 +229,41 @@ class Fetcher:
                          self._inflight)
         return self._claim(fv, extra)[0]
 
-    def _grid_runs(self, fv: FileVersion, claimed: set[ChunkKey]) -> list[range]:
-        """The claimed chunks as ranges of chunks widened to the grid, none longer than
-        ``_RUN_CHUNKS`` (one request each)."""
-        grid = self._hub.align_bytes // CHUNK_SIZE
-        last = fv.chunks()
-        cells = sorted({ci // grid for _, _, ci in claimed})
+    def _grid_runs(self, fv: FileVersion, blocks: list[int]) -> list[range]:
+        """Block indexes as contiguous runs widened to the grid (``HubClient.align_bytes``)
+        and clipped to the file, none longer than ``_RUN_BLOCKS`` (one request each)."""
+        grid = max(1, self._hub.align_bytes // BLOCK_SIZE)
+        nblocks = fv.blocks()
         runs: list[range] = []
-        for cell in cells:
-            lo, hi = cell * grid, min(cell * grid + grid, last)
-            if runs and runs[-1].stop == lo and len(runs[-1]) + (hi - lo) <= _RUN_CHUNKS:
-                runs[-1] = range(runs[-1].start, hi)
+        for run in _runs(blocks, _RUN_BLOCKS):
+            lo = run.start - run.start % grid
+            hi = min(-(-run.stop // grid) * grid, nblocks)
+            if runs and runs[-1].stop >= lo and hi - runs[-1].start <= _RUN_BLOCKS:
+                runs[-1] = range(runs[-1].start, max(hi, runs[-1].stop))
+            elif runs and runs[-1].stop > lo:  # overlaps a full run: the rest only
+                runs.append(range(runs[-1].stop, hi))
             else:
                 runs.append(range(lo, hi))
-        return runs
+        return [r for r in runs if len(r)]
 
     async def _fetch_stage(self, fv: FileVersion, run: range, claimed: set[ChunkKey],
                            origin: int) -> int:
-        """Fetch chunks ``run`` and stage those of them in ``claimed``; bytes fetched."""
-        start = run.start * CHUNK_SIZE
-        stop = min(run.stop * CHUNK_SIZE, fv.size)
+        """Fetch blocks ``run`` and stage those of them whose chunks are in ``claimed``;
+        bytes fetched."""
+        start = run.start * BLOCK_SIZE
+        stop = min(run.stop * BLOCK_SIZE, fv.size)
         data = await self._hub.fetch_frames(fv.file_id, fv.version, fv.size, start, stop)
         pieces: list[tuple[int, bytes]] = []  # (first block, bytes) of claimed stretches
-        ci = run.start
-        while ci < run.stop:
-            stop = ci
-            while stop < run.stop and (fv.file_id, fv.version, stop) in claimed:
-                stop += 1
-            if stop > ci:
-                off = (ci - run.start) * CHUNK_SIZE
-                pieces.append((ci * CHUNK_BLOCKS, data[off : off + (stop - ci) * CHUNK_SIZE]))
-            ci = stop + 1
+        b = run.start
+        while b < run.stop:
+            stop_b = b
+            while stop_b < run.stop and (fv.file_id, fv.version,
+                                         stop_b // CHUNK_BLOCKS) in claimed:
+                stop_b += 1
+            if stop_b > b:
+                off = (b - run.start) * BLOCK_SIZE
+                pieces.append((b, data[off : off + (stop_b - b) * BLOCK_SIZE]))
+            b = stop_b + 1
         if pieces:
             self.cache.stage(fv.file_id, fv.version, pieces, origin)
         return len(data)
@@ -265,3 +275,18 @@ class Fetcher:
             self._prefetched[(fv.file_id, fv.version, ci)] = nbytes
         while len(self._prefetched) > _TRACKED_PREFETCH_CHUNKS:
             self._prefetched.popitem(last=False)
+
+
+def _chunk_blocks(ci: int, nblocks: int) -> range:
+    return range(ci * CHUNK_BLOCKS, min((ci + 1) * CHUNK_BLOCKS, nblocks))
+
+
+def _runs(indexes: list[int], max_len: int) -> list[range]:
+    """Sorted block indexes as contiguous runs, none longer than ``max_len``."""
+    runs: list[range] = []
+    for idx in sorted(set(indexes)):
+        if runs and runs[-1].stop == idx and len(runs[-1]) < max_len:
+            runs[-1] = range(runs[-1].start, idx + 1)
+        else:
+            runs.append(range(idx, idx + 1))
+    return runs

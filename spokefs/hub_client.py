@@ -8,7 +8,7 @@ retried with capped exponential backoff and full jitter until that deadline, the
 ``HubUnavailable``. Answers that retrying cannot fix map straight to domain errors:
 404/412 -> ``StaleExport``, 401 -> ``HubUnauthorized``, other 4xx -> ``HubProtocolError``.
 
-Blob answers are framed (``wire.py``, "Why a version 2"): every 64 KiB frame is checked
+Blob answers are framed (``wire.py``, "Why a version 2"): every 4 KiB frame is checked
 against its seeded xxh3 before any byte of the answer is returned, and every pack member
 against the sum in its record, so bytes damaged on the way (or by a cache) are never
 cached; a blob or pack answer is never read past the bytes asked for (a lying hub cannot
@@ -137,7 +137,7 @@ class HubClient:
     @property
     def align_bytes(self) -> int:
         """The grid data ranges start and end on: a tier's cache slice (1 MiB of data), or
-        one frame straight to the hub (a random read moves 64 KiB, not 1 MiB)."""
+        one 4 KiB frame straight to the hub (a random read moves 4 KiB, not 1 MiB)."""
         return wire.SLICE_DATA_BYTES if self._tier is not None else wire.FRAME_DATA_BYTES
 
     def _received(self, nbytes: int, origin: str = "hub") -> None:

@@ -19,7 +19,7 @@ from spokefs.errors import CorruptBlock, HubProtocolError, HubUnavailable
 from spokefs.hub_client import HubClient
 from tests.hubd.hubd_testlib import framed
 
-DATA = bytes(range(251)) * 800  # 196 KiB: three frames, the last one short
+DATA = bytes(range(251)) * 50  # 12,550 bytes: four frames, the last one short
 FRAMED = framed(DATA, 2, 3)
 Answer = Callable[[BaseHTTPRequestHandler], tuple[int, dict[str, str], bytes]]
 

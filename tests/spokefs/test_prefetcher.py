@@ -10,7 +10,7 @@ from trio.testing import wait_all_tasks_blocked
 
 from hubd import wire
 from spokefs.block_cache import BlockCache
-from spokefs.config import CHUNK_SIZE, PrefetchConfig
+from spokefs.config import PrefetchConfig
 from spokefs.fetcher import Fetcher
 from spokefs.prefetcher import Prefetcher
 from spokefs.reader import Reader
@@ -113,7 +113,7 @@ async def test_demand_reads_do_not_wait_behind_prefetch(tmp_path):
         t = reader.open(FileVersion(6, 1, len(other)), 3)
         nursery.start_soon(reader.read, t, 5 * MiB, 4096)
         with trio.fail_after(5):
-            while (6, 1, 5 * MiB, CHUNK_SIZE) not in hub.calls:  # one frame: a 64 KiB chunk
+            while (6, 1, 5 * MiB, 4096) not in hub.calls:
                 await trio.sleep(0.01)
         # the demand fetch went out at once, while prefetches (1 s each) still wait for a slot
         assert pf._jobs_rx.statistics().current_buffer_used > 0
