@@ -309,11 +309,14 @@ class HubClient:
             except trio.TooSlowError:
                 self._tier_failed(kind, "timeout", "no answer in time", pause=True)
             except httpx.TransportError as exc:
-                self._tier_failed(kind, type(exc).__name__, str(exc), pause=True)
+                self._tier_failed(kind, "transport", f"{type(exc).__name__}: {exc}", pause=True)
             except _Retry as exc:
-                self._tier_failed(kind, exc.reason, str(exc), pause=False)
-            except (SpokeError, wire.WireError) as exc:
-                self._tier_failed(kind, type(exc).__name__, str(exc), pause=False)
+                reason = "checksum" if exc.reason == "checksum" else "status"
+                self._tier_failed(kind, reason, str(exc), pause=False)
+            except (HubProtocolError, wire.WireError) as exc:
+                self._tier_failed(kind, "protocol", str(exc), pause=False)
+            except SpokeError as exc:  # 404, 412, 401 and the like from the tier
+                self._tier_failed(kind, "status", str(exc), pause=False)
             else:
                 if not self._tier_ok:
                     self._tier_ok = True
