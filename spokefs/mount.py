@@ -167,8 +167,9 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
         prefetcher = None
         if cfg.prefetch.enabled:
             prefetcher = Prefetcher(fetcher, lister, cfg.prefetch, cfg.cache_max_bytes)
+        # --no-prefetch: a miss fetches the file alone, not its pack's other members
         reader = Reader(fetcher, prefetcher, cfg.prefetch.small_file_bytes, cfg.hub_deadline_s,
-                        packs=lister)
+                        packs=lister if prefetcher is not None else None)
         ops = SpokeOps(ns, reader, Control(ns, reader, refresher), cfg)
         try:
             pyfuse3.init(ops, str(cfg.mountpoint), _fuse_options(cfg))
