@@ -1,16 +1,17 @@
 """bench_tier: three spokes in a region through a regional tier (Debian's nginx with
 deploy/regional/nginx.conf.template) against one spoke alone, over one emulated far link.
 
-    python3 benchmarks/bench_tier.py [--quick] [--dataset-mb 1024] [--rtt-ms 60] [--runs 3]
+    .venv/bin/python benchmarks/bench_tier.py [--quick] [--dataset-mb 1024] [--rtt-ms 60] [--runs 3]
         [--rate-mbit 1000] [--work-dir /tmp/spokefs-tier] [--max-seconds S] [--keep]
 
 The dataset (made once in the work dir, fixed seed): 60 % in shards of 64 MiB read start to
 end, 40 % in small files (~110 KiB, 20 class directories) read in a shuffled order, like a
-training epoch. Each run, side by side, cold (fresh caches, kernel page cache dropped):
+training epoch. Each run, side by side, cold (fresh caches, kernel page cache dropped),
+hubd behind the long-link emulator and, for the tier, nginx (fresh cache) in front of it:
 
-- **lone**: hubd behind the long-link emulator, one spoke straight to it;
-- **tier**: hubd behind the emulator, nginx (fresh cache) in front of the emulator, three
-  spokes mounted with ``--tier``, all three reading the whole dataset at once.
+- **lone**: one spoke straight to the hub; **lone_tier**: one spoke through nginx;
+- **three**: three spokes straight to the hub; **three_tier**: three spokes through nginx;
+  the three read the whole dataset at once.
 
 Each spoke reads with the same reader: the shards by 4 threads, then the small files by 8
 threads (a DataLoader's workers), every byte checked against the source (sha256). Figures:
@@ -18,7 +19,9 @@ threads (a DataLoader's workers), every byte checked against the source (sha256)
 - far-link bytes / dataset: the emulator's bytes toward the spokes (``bytes_down``) while the
   three spokes read, over the dataset's bytes;
 - each spoke's cold throughput / the lone spoke's (dataset bytes / its epoch time), for the
-  slowest of the three spokes.
+  slowest of the three spokes (the goal); and, to tell the tier's cost from the CPU that
+  three spokes share on a small machine, three via nginx against three straight, and one
+  via nginx against one straight.
 
 Medians over ``--runs`` (min-max), graded against issue 11's goal, printed as a table and
 appended as a JSON line to benchmarks/results/tier.jsonl. Needs root (FUSE, drop_caches)
@@ -127,38 +130,30 @@ def nginx_tier(upstream_port: int, work: Path, deadline: bl.Deadline) -> Iterato
         proc.stop()
 
 
-def lone_run(data: Path, files: list[Path], want: dict[Path, bytes], link_spec: bl.LinkSpec,
-             work: Path, deadline: bl.Deadline, seed: int) -> dict[str, float]:
-    with bl.run_hub(data, work / "hub.log", deadline) as hub, \
-            bl.open_link(hub.port, link_spec) as link:
-        bl.drop_caches()
-        with bl.spoke_mount(f"http://127.0.0.1:{link.port}", work / "mnt-lone",
-                            work / "cache-lone", work / "spoke-lone.log", deadline) as m:
-            before = bl.link_counters(link)
-            seconds = read_epoch(m.path, files, want, seed)
-            moved = bl.link_counters(link).minus(before).bytes_down
-    return {"seconds": seconds, "far_bytes": moved}
-
-
-def tier_run(data: Path, files: list[Path], want: dict[Path, bytes], link_spec: bl.LinkSpec,
-             work: Path, deadline: bl.Deadline, seed: int) -> dict[str, object]:
+def epoch_run(data: Path, files: list[Path], want: dict[Path, bytes], link_spec: bl.LinkSpec,
+              work: Path, deadline: bl.Deadline, seed: int, spokes: int,
+              tier: bool) -> dict[str, object]:
+    """``spokes`` cold spokes (fresh caches; through a fresh nginx with ``tier``) reading the
+    whole dataset at once: each one's epoch seconds, the far link's bytes, their metrics."""
     with contextlib.ExitStack() as stack:
-        hub = stack.enter_context(bl.run_hub(data, work / "hub-tier.log", deadline))
+        hub = stack.enter_context(bl.run_hub(data, work / "hub.log", deadline))
         link = stack.enter_context(bl.open_link(hub.port, link_spec))
-        tier = stack.enter_context(nginx_tier(link.port, work / "nginx", deadline))
+        extra: tuple[str, ...] = ()
+        if tier:
+            extra = ("--tier", stack.enter_context(nginx_tier(link.port, work / "nginx",
+                                                              deadline)))
         bl.drop_caches()
         mounts = [stack.enter_context(bl.spoke_mount(
             f"http://127.0.0.1:{link.port}", work / f"mnt-{i}", work / f"cache-{i}",
-            work / f"spoke-{i}.log", deadline, extra_args=("--tier", tier)))
-            for i in range(3)]
+            work / f"spoke-{i}.log", deadline, extra_args=extra)) for i in range(spokes)]
         before = bl.link_counters(link)
-        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        with concurrent.futures.ThreadPoolExecutor(spokes) as pool:
             times = list(pool.map(lambda im: read_epoch(im[1].path, files, want, seed + im[0]),
                                   enumerate(mounts)))
         moved = bl.link_counters(link).minus(before).bytes_down
         origins = [bl.scrape(m.metrics_url, ("spokefs_fetched_bytes_total",
-                                             "spokefs_tier_fallbacks_total"), sum_labels=False)
-                   for m in mounts]
+                                             "spokefs_tier_fallbacks_total")) for m in mounts]
+    clean_work(work)
     return {"seconds": times, "far_bytes": moved, "origins": origins}
 
 
@@ -196,48 +191,64 @@ def main(argv: list[str] | None = None) -> int:
     total = sum((data / f).stat().st_size for f in files)
     want = digests(data, files)
     link_spec = bl.LinkSpec(args.rtt_ms, args.rate_mbit)
-    far, ratio, lone_mbs, tier_mbs = bl.Figure(), bl.Figure(), bl.Figure(), bl.Figure()
+    configs = {"lone": (1, False), "lone_tier": (1, True), "three": (3, False),
+               "three_tier": (3, True)}
+    far = {name: bl.Figure() for name in configs}
+    mbs = {name: bl.Figure() for name in configs}  # the slowest spoke's MB/s
+    ratio, ratio_same_cpu, ratio_one = bl.Figure(), bl.Figure(), bl.Figure()
     runs = []
     try:
         for run in range(args.runs):
             clean_work(work)
-            lone = lone_run(data, files, want, link_spec, work, deadline, seed=100 + run)
-            clean_work(work)
-            tier = tier_run(data, files, want, link_spec, work, deadline, seed=200 + run)
-            slowest = max(tier["seconds"])  # type: ignore[arg-type]
-            far.add(tier["far_bytes"] / total)  # type: ignore[operator]
-            ratio.add(lone["seconds"] / slowest)
-            lone_mbs.add(total / lone["seconds"] / 1e6)
-            tier_mbs.add(total / slowest / 1e6)
-            runs.append({"lone": lone, "tier": tier})
-            speeds = ", ".join(f"{total / s / 1e6:.0f}" for s in tier["seconds"])  # type: ignore[attr-defined]
-            print(f"run {run + 1}: lone {total / lone['seconds'] / 1e6:.0f} MB/s, tier spokes "
-                  f"{speeds} MB/s, far link {tier['far_bytes'] / total:.3f} x the dataset "
-                  f"(lone: {lone['far_bytes'] / total:.3f})", flush=True)
-    except bl.BudgetExhausted as exc:
+            got = {name: epoch_run(data, files, want, link_spec, work, deadline,
+                                   seed=100 * (run + 1) + 10 * i, spokes=n, tier=t)
+                   for i, (name, (n, t)) in enumerate(configs.items())}
+            slowest = {name: max(r["seconds"]) for name, r in got.items()}  # type: ignore[type-var]
+            for name, r in got.items():
+                far[name].add(r["far_bytes"] / total)  # type: ignore[operator]
+                mbs[name].add(total / slowest[name] / 1e6)
+            ratio.add(slowest["lone"] / slowest["three_tier"])
+            ratio_same_cpu.add(slowest["three"] / slowest["three_tier"])
+            ratio_one.add(slowest["lone"] / slowest["lone_tier"])
+            runs.append(got)
+            print(f"run {run + 1}: " + "; ".join(
+                f"{name}: " + ", ".join(f"{total / sec / 1e6:.0f}"
+                                        for sec in r["seconds"])  # type: ignore[attr-defined]
+                + f" MB/s, far {r['far_bytes'] / total:.3f}x"  # type: ignore[operator]
+                for name, r in got.items()), flush=True)
+    except bl.BenchError as exc:  # BudgetExhausted too: report what was measured
         print(f"bench_tier: stopped: {exc}", file=sys.stderr)
     finally:
         clean_work(work)
         if not args.keep:
             shutil.rmtree(work / "nginx", ignore_errors=True)
-    values = {"far_ratio": far.median(), "throughput_ratio": ratio.median()}
+    values = {"far_ratio": far["three_tier"].median(), "throughput_ratio": ratio.median()}
     grades = bl.grade(GOALS, [int(args.rtt_ms)], lambda g, rtt: (values[g.key], ""))
     print()
     print(f"dataset {total / 1e6:.0f} MB ({len(files)} files), {link_spec.describe()}, "
           f"{len(runs)} run(s)")
     print(bl.markdown_table(
-        ["figure", "median (min-max)"],
-        [["far-link bytes / dataset, 3 spokes via nginx", far.text("{:.3f}")],
-         ["slowest tier spoke's cold throughput / lone spoke's", ratio.text("{:.2f}")],
-         ["lone spoke, MB/s", lone_mbs.text()],
-         ["slowest of 3 tier spokes, MB/s", tier_mbs.text()]]))
+        ["spokes", "far-link bytes / dataset", "slowest spoke, MB/s"],
+        [[{"lone": "1, straight to the hub", "lone_tier": "1, through nginx",
+           "three": "3, straight to the hub", "three_tier": "3, through nginx"}[name],
+          far[name].text("{:.3f}"), mbs[name].text()] for name in configs]))
+    print()
+    print(bl.markdown_table(
+        ["cold throughput ratio", "median (min-max)"],
+        [["slowest of 3 via nginx / lone spoke (the goal)", ratio.text("{:.2f}")],
+         ["slowest of 3 via nginx / slowest of 3 straight (same CPU load)",
+          ratio_same_cpu.text("{:.2f}")],
+         ["1 via nginx / 1 straight (the tier's own cost)", ratio_one.text("{:.2f}")]]))
     print()
     print(bl.format_grades(grades))
     bl.append_jsonl(RESULTS, {
         **bl.run_info("bench_tier.py"), "dataset_bytes": total, "files": len(files),
         "link": link_spec.describe(), "runs": runs,
-        "figures": {"far_ratio": far.summary(), "throughput_ratio": ratio.summary(),
-                    "lone_mb_s": lone_mbs.summary(), "tier_slowest_mb_s": tier_mbs.summary()},
+        "figures": {"far_ratio": {n: f.summary() for n, f in far.items()},
+                    "slowest_mb_s": {n: f.summary() for n, f in mbs.items()},
+                    "throughput_ratio": ratio.summary(),
+                    "throughput_ratio_same_cpu": ratio_same_cpu.summary(),
+                    "throughput_ratio_one_spoke": ratio_one.summary()},
         "grades": [{"goal": g.goal.issue, "value": g.value, "verdict": g.verdict}
                    for g in grades]})
     if not args.keep:
