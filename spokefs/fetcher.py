@@ -33,7 +33,6 @@ prefetch "used" figure; "wasted" is what was prefetched and evicted or never rea
 
 from __future__ import annotations
 
-import contextlib
 from collections import OrderedDict
 
 import trio
@@ -42,11 +41,12 @@ from hubd import wire
 from spokefs import metrics
 from spokefs.block_cache import ORIGIN_DEMAND, ORIGIN_PREFETCH, ORIGIN_WARM, BlockCache
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
-from spokefs.errors import StaleExport, single_spoke_error
+from spokefs.errors import SpokeError, StaleExport, single_spoke_error
 from spokefs.hub_client import HubClient
 from spokefs.types import FileVersion
 
 _RUN_BLOCKS = wire.MAX_RANGE_BYTES // BLOCK_SIZE
+_PACK_ERRORS_KEPT = 64  # failures of demand packs, until their readers look
 _TRACKED_PREFETCH_CHUNKS = 1 << 20  # ~100 MiB of bookkeeping at most
 
 ChunkKey = tuple[int, int, int]
@@ -59,6 +59,8 @@ class Fetcher:
         self.cache = cache
         self._hub = hub
         self._inflight: dict[ChunkKey, trio.Event] = {}
+        self._nursery: trio.Nursery | None = None
+        self._pack_errors: OrderedDict[str, SpokeError] = OrderedDict()  # of demand packs
         self._prefetched: OrderedDict[ChunkKey, int] = OrderedDict()
 
     # -- demand ---------------------------------------------------------------------
@@ -90,15 +92,49 @@ class Fetcher:
 
     async def demand_pack(self, plan: wire.PackPlan, fv: FileVersion) -> None:
         """Fetch ``fv`` (a member of ``plan``) through its pack, or wait for whoever fetches
-        it; the other members nobody is fetching come along and are staged as prefetched."""
-        waiting = self._inflight.get((fv.file_id, fv.version, 0))
-        # StaleExport: the hub's packs of the directory differ (another generation): below
-        with contextlib.suppress(StaleExport):
-            await self.fetch_pack(plan, demanded=fv)
-        if waiting is not None:
-            await waiting.wait()
-        if not self.busy_or_cached(fv):  # gone from the pack, or the pack is stale: alone
-            await self.demand(fv, list(range(fv.blocks())))
+        it; the other members nobody is fetching come along and are staged as prefetched.
+
+        Returns once ``fv`` has arrived: the rest of the pack streams on in the task group
+        of ``run`` (inline, to its end, when ``run`` is not running: component tests).
+        Falls back to fetching ``fv`` alone when the pack is stale on the hub (another
+        generation: 412) or answered it gone; raises what the pack fetch raised otherwise.
+        """
+        key = (fv.file_id, fv.version, 0)
+        if key not in self._inflight:
+            free, claims = self._claim_pack(plan)
+            if self._nursery is None:
+                await self._demand_pack_task(plan, free, claims, fv)
+            else:
+                self._nursery.start_soon(self._demand_pack_task, plan, free, claims, fv)
+        if (event := self._inflight.get(key)) is not None:
+            await event.wait()
+        if self.busy_or_cached(fv):
+            return
+        error = self._pack_errors.pop(plan.path, None)
+        if error is not None and not isinstance(error, StaleExport):
+            raise error
+        await self.demand(fv, list(range(fv.blocks())))  # the pack is stale, or fv gone
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Hosts the packs that demand reads start, so a read returns once its own file is
+        in while the rest of its pack streams on."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+
+    async def _demand_pack_task(self, plan: wire.PackPlan, free: dict[tuple[int, int],
+                                FileVersion], claims: dict[tuple[int, int], set[ChunkKey]],
+                                fv: FileVersion) -> None:
+        try:
+            await self._fetch_claimed_pack(plan, free, claims, fv)
+        except SpokeError as exc:  # the waiting reader finds it in _pack_errors
+            self._pack_errors[plan.path] = exc
+            while len(self._pack_errors) > _PACK_ERRORS_KEPT:
+                self._pack_errors.popitem(last=False)
 
     def note_used(self, fv: FileVersion, first: int, last: int) -> None:
         """Count prefetched chunks that a read has now used."""
@@ -154,22 +190,33 @@ class Fetcher:
         finally:
             self._release(claimed)
 
-    async def fetch_pack(self, plan: wire.PackPlan,
-                         demanded: FileVersion | None = None) -> list[FileVersion]:
+    async def fetch_pack(self, plan: wire.PackPlan) -> list[FileVersion]:
         """Fetch the members of a pack that are neither cached, staged nor in flight; the
-        members fetched (none if every member is taken care of already). ``demanded``: the
-        member a read waits for (staged as a demand fetch, not counted as prefetched).
+        members fetched (none if every member is taken care of already).
 
         Each member is staged and released to its waiters as soon as it has arrived,
         before the pack ends; members cached or in flight are skipped on arrival.
         """
-        if demanded is None:  # a read never waits for the writer
-            await self.cache.wait_room()
-        members = [FileVersion(*m) for m in plan.members]
-        free = {(f.file_id, f.version): f for f in members if not self.busy_or_cached(f)}
+        await self.cache.wait_room()
+        free, claims = self._claim_pack(plan)
         if not free:
             return []
+        return await self._fetch_claimed_pack(plan, free, claims, None)
+
+    def _claim_pack(self, plan: wire.PackPlan) -> tuple[dict[tuple[int, int], FileVersion],
+                                                        dict[tuple[int, int], set[ChunkKey]]]:
+        """Claim the members that are neither cached, staged nor in flight (no await)."""
+        members = [FileVersion(*m) for m in plan.members]
+        free = {(f.file_id, f.version): f for f in members if not self.busy_or_cached(f)}
         claims = {key: self._claim(f, list(range(f.chunks())))[0] for key, f in free.items()}
+        return free, claims
+
+    async def _fetch_claimed_pack(
+        self, plan: wire.PackPlan, free: dict[tuple[int, int], FileVersion],
+        claims: dict[tuple[int, int], set[ChunkKey]], demanded: FileVersion | None,
+    ) -> list[FileVersion]:
+        """Fetch a pack whose ``free`` members are claimed (``claims``); stage each as it
+        arrives, ``demanded`` as a demand fetch. Releases every claim, whatever happens."""
         fetched: list[FileVersion] = []
 
         def arrived(key: tuple[int, int], data: bytes | None) -> None:
@@ -187,7 +234,8 @@ class Fetcher:
             self._release(claimed)
 
         try:
-            await self._hub.fetch_pack(plan, arrived)
+            if free:
+                await self._hub.fetch_pack(plan, arrived)
         finally:
             for claimed in claims.values():
                 self._release(claimed)

@@ -185,6 +185,7 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
                 nursery.start_soon(_terminate_on_signal)
                 refresher.mounted = True
                 await nursery.start(cache.run)
+                await nursery.start(fetcher.run)
                 await nursery.start(refresher.run)
                 if prefetcher is not None:
                     await nursery.start(prefetcher.run)
