@@ -39,7 +39,7 @@ import random
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TypeVar
 
@@ -49,6 +49,7 @@ import xxhash
 
 from hubd import wire
 from spokefs import metrics
+from spokefs.bodies import FrameMismatch, decoded, iter_capped, origin_of, read_capped, unframed
 from spokefs.errors import (
     CorruptBlock,
     GenerationGone,
@@ -72,9 +73,6 @@ _ISSUER_CODES = frozenset({2, 18, 19, 20, 21})
 _RTT_SAMPLES = 64  # answers the round-trip estimate looks back over
 _ERROR_BODY_MAX = 64 << 10  # hubd's JSON errors are one line; read them so the connection stays
 _TIER_PAUSE_S = 5.0  # a tier that did not answer is left alone this long, then tried again
-# the header deploy/regional's nginx adds: its cache status for the answer
-TIER_CACHE_HEADER = "X-Spokefs-Tier-Cache"
-_TIER_HIT = frozenset({"HIT", "STALE", "REVALIDATED", "UPDATING"})
 
 
 class _Retry(Exception):
@@ -229,12 +227,15 @@ class HubClient:
             async with http.stream("GET", path, headers=headers) as resp:
                 origin = self._answered(resp, origin, sent)
                 await self._check_streamed(resp, "blob")
-                body = await _read_capped(resp, fstop - fstart)
+                body = await read_capped(resp, fstop - fstart)
             self._received(len(body), origin)
             if resp.status_code != 206 or len(body) != fstop - fstart:
                 raise HubProtocolError(f"asked {fstop - fstart} framed bytes at {fstart}, got "
                                        f"{resp.status_code} with {len(body)}")
-            return _unframed(body, file_id, version, first_frame)
+            try:
+                return unframed(body, file_id, version, first_frame)
+            except FrameMismatch as exc:
+                raise _Retry("checksum", str(exc)) from None
 
         try:
             return await self._data("blob", attempt)
@@ -269,9 +270,9 @@ class HubClient:
             async with http.stream("GET", plan.path) as resp:
                 origin = self._answered(resp, origin, sent)
                 await self._check_streamed(resp, "pack")
-                async for piece in _iter_capped(resp, cap):
+                async for piece in iter_capped(resp, cap):
                     self._received(len(piece), origin)
-                    for key, rec in _decoded(decoder, piece):
+                    for key, rec in decoded(decoder, piece):
                         if rec is not None and xxhash.xxh3_64_intdigest(rec[0]) != rec[1]:
                             raise _Retry("checksum",
                                          f"file {key[0]:x} in a pack failed its checksum")
@@ -292,7 +293,7 @@ class HubClient:
     def _answered(self, resp: httpx.Response, origin: str, sent: float) -> str:
         """The answer's origin (``_origin``); its wait counts as a far round trip unless the
         tier answered from its cache (fills size their bytes in flight by the far link)."""
-        origin = _origin(resp, origin)
+        origin = origin_of(resp, origin)
         if origin != "tier_hit":
             self._waits.append(time.monotonic() - sent)
         return origin
@@ -366,7 +367,7 @@ class HubClient:
         the connection can be reused."""
         if resp.status_code not in (200, 206):
             try:
-                await _read_capped(resp, _ERROR_BODY_MAX)
+                await read_capped(resp, _ERROR_BODY_MAX)
             except HubProtocolError:
                 pass  # an over-long error body: the connection is closed instead
         self._check_status(resp, kind)
@@ -445,61 +446,8 @@ class HubClient:
                 log.warning("hub %s unreachable: %s", self.base_url, why)
 
 
-def _origin(resp: httpx.Response, origin: str) -> str:
-    """``hub``, or the tier's own word on where its answer came from."""
-    if origin == "hub":
-        return origin
-    status = resp.headers.get(TIER_CACHE_HEADER, "").upper()
-    if not status:
-        return "tier"
-    return "tier_hit" if status in _TIER_HIT else "tier_miss"
-
-
-def _unframed(body: bytes, file_id: int, version: int, first_frame: int) -> bytes:
-    """The data of a framed body, every frame checked against its seeded sum."""
-    data: list[memoryview] = []
-    seed = wire.frame_seed
-    digest = xxhash.xxh3_64_intdigest
-    try:
-        for k, (chunk, want) in enumerate(wire.frames(body)):
-            if digest(chunk, seed(file_id, version, first_frame + k)) != want:
-                raise _Retry("checksum", f"frame {first_frame + k} of {file_id:x} failed "
-                                         f"its checksum")
-            data.append(chunk)
-    except wire.WireError as exc:
-        raise HubProtocolError(f"bad framed answer: {exc}") from None
-    return b"".join(data)
-
-
 _FETCHED = {origin: metrics.FETCHED_BYTES.labels(origin=origin)
             for origin in ("hub", "tier", "tier_hit", "tier_miss")}
-
-
-def _decoded(
-    decoder: wire.PackDecoder, piece: bytes
-) -> list[tuple[tuple[int, int], tuple[bytes, int] | None]]:
-    try:
-        return decoder.feed(piece)
-    except wire.WireError as exc:
-        raise HubProtocolError(f"bad pack answer: {exc}") from None
-
-
-async def _iter_capped(resp: httpx.Response, cap: int) -> AsyncIterator[bytes]:
-    """The raw body of a streamed answer piece by piece, at most ``cap`` bytes in all."""
-    declared = resp.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > cap:
-        raise HubProtocolError(f"answer of {declared} bytes, more than the {cap} asked for")
-    received = 0
-    async for piece in resp.aiter_raw():
-        received += len(piece)
-        if received > cap:
-            raise HubProtocolError(f"answer longer than the {cap} bytes asked for")
-        yield piece
-
-
-async def _read_capped(resp: httpx.Response, cap: int) -> bytes:
-    """The raw body of a streamed answer, at most ``cap`` bytes (else HubProtocolError)."""
-    return b"".join([piece async for piece in _iter_capped(resp, cap)])
 
 
 def _certificate_failure(exc: BaseException) -> str | None:
