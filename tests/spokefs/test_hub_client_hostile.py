@@ -108,7 +108,7 @@ async def test_bad_frames_are_retried_then_corrupt(lie: str, hub: LyingHub) -> N
     else:  # the same bytes framed for another file
         body = bytearray(framed(DATA, 2, 4))
     hub.answer = ranged(bytes(body))
-    async with client(hub) as c:
+    async with client(hub, deadline_s=2.0) as c:  # room for retries on a loaded machine
         with pytest.raises(CorruptBlock):
             await c.fetch_frames(2, 3, len(DATA), 0, 2 * wire.FRAME_DATA_BYTES)
     assert hub.requests >= 2  # fetched again before giving up
