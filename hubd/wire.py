@@ -182,7 +182,11 @@ SLICE_DATA_BYTES = SLICE_FRAMES * FRAME_DATA_BYTES  # 1 MiB of file data per sli
 
 # -- deterministic packs --
 MAX_PACK_FILES = 4096
-PACK_MAX_BYTES = 2 * 1024 * 1024  # file bytes per pack: ~16 ms at 1 Gbit/s after its RTT
+# File bytes per pack: as spokefs's PrefetchConfig.request_bytes, a little under 4 MiB so a
+# pack and its headers fit one 4 MiB TCP window (one round trip even at 900 ms; 2 MiB packs
+# needed twice the connections, each 1.5 RTT to open). A reader waiting for one member gets
+# it as it streams in, not at the pack's end.
+PACK_MAX_BYTES = 4 * 1024 * 1024 - 256 * 1024
 PACK_FILE_MAX_BYTES = 1024 * 1024  # larger files are read as blobs
 PACK_GONE = -1
 PACK_ITEM = struct.Struct("<QQ")

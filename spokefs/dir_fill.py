@@ -39,7 +39,7 @@ bytes once and leaves the readers mostly reading what has already arrived.
   to be at least ``assumed_link_bps`` (1 Gbit/s): at 900 ms a fill that started from a
   small window and doubled it every round trip would take seconds to fill the link, which
   is the whole cold epoch of a small dataset; on a slower link the extra bytes only queue
-  for a moment. Packs are at most ``wire.PACK_MAX_BYTES`` (2 MiB), so many connections
+  for a moment. Packs are at most ``wire.PACK_MAX_BYTES`` (3.75 MiB), so many connections
   share the work; one connection carries at most its TCP window per round trip.
   ``warm_connections`` says how many connections that takes, for the hub client to keep
   open.

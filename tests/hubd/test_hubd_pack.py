@@ -150,17 +150,20 @@ def test_pack_needs_the_token(tree: Tree) -> None:
 def test_plan_packs_is_a_pure_function_of_the_directory() -> None:
     """Name order, packable sizes only, a hard link once, cut at the byte and file limits;
     the same packs whatever order the listing comes in."""
-    mib = 1 << 20
-    files = [(b"b", 10, 1, mib), (b"a", 11, 1, mib), (b"c", 12, 1, 1),  # 2 MiB + 1: cut
+    q = wire.PACK_MAX_BYTES // 4  # four of them fill a pack exactly
+    assert q <= wire.PACK_FILE_MAX_BYTES
+    files = [(b"b", 10, 1, q), (b"a", 11, 1, q), (b"d", 15, 1, q), (b"c", 16, 1, q),
+             (b"e", 12, 1, 1),  # one byte more than a pack: cut
              (b"big", 13, 1, wire.PACK_FILE_MAX_BYTES + 1), (b"empty", 14, 1, 0),
-             (b"z-link", 11, 1, mib)]  # another name of file 11
+             (b"z-link", 11, 1, q)]  # another name of file 11
     plans = wire.plan_packs(7, files)
-    assert [p.members for p in plans] == [((11, 1, mib), (10, 1, mib)), ((12, 1, 1),)]
+    assert [p.members for p in plans] == [((11, 1, q), (10, 1, q), (16, 1, q), (15, 1, q)),
+                                          ((12, 1, 1),)]
     assert [p.index for p in plans] == [0, 1]
     assert plans[0].path == f"/v2/pack/{wire.format_id(7)}/0/{plans[0].digest}"
     shuffled = list(files)
     random.Random(1).shuffle(shuffled)
     assert wire.plan_packs(7, shuffled) == plans
-    assert wire.plan_packs(7, [(b"a", 11, 2, mib), *files[:1]])[0].digest != plans[0].digest
+    assert wire.plan_packs(7, [(b"a", 11, 2, q), *files[:1]])[0].digest != plans[0].digest
     many = [(b"%06d" % i, 100 + i, 1, 1) for i in range(wire.MAX_PACK_FILES + 1)]
     assert [len(p.members) for p in wire.plan_packs(7, many)] == [wire.MAX_PACK_FILES, 1]
