@@ -38,7 +38,6 @@ import logging
 import random
 import ssl
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TypeVar
@@ -59,6 +58,7 @@ from spokefs.errors import (
     SpokeError,
     StaleExport,
 )
+from spokefs.link_model import WindowedMin
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,6 @@ _MIN_ATTEMPT_S = 0.05  # no attempt starts with less time than this before the d
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})  # 408: our body came too slowly
 # OpenSSL's X509_V_ERR_* for an issuer we do not trust (unknown, missing or self-signed)
 _ISSUER_CODES = frozenset({2, 18, 19, 20, 21})
-_RTT_SAMPLES = 64  # answers the round-trip estimate looks back over
 _ERROR_BODY_MAX = 64 << 10  # hubd's JSON errors are one line; read them so the connection stays
 _TIER_PAUSE_S = 5.0  # a tier that did not answer is left alone this long, then tried again
 
@@ -130,7 +129,7 @@ class HubClient:
         self._tier_ok = True
         self.reachable = True
         self.received_bytes = 0  # answer bytes from the hub so far (all kinds)
-        self._waits: deque[float] = deque(maxlen=_RTT_SAMPLES)
+        self._waits = WindowedMin()  # answer waits: the round trip is their recent minimum
 
     @property
     def align_bytes(self) -> int:
@@ -145,9 +144,9 @@ class HubClient:
 
     @property
     def rtt_s(self) -> float | None:
-        """The shortest recent wait from sending a blob or pack request to its answer's
-        headers: the round trip plus the hub's own time (None before any answer)."""
-        return min(self._waits) if self._waits else None
+        """The shortest wait of the last minute from sending a blob or pack request to its
+        answer's headers: the round trip plus the hub's own time (None before any answer)."""
+        return self._waits.value()
 
     async def __aenter__(self) -> HubClient:
         return self

@@ -197,6 +197,7 @@ class Namespace:
 
     def __init__(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
+        self.path = path
         self._env = lmdb.open(
             str(path), map_size=_MAP_SIZE, max_dbs=4, readahead=False, lock=True
         )
@@ -385,6 +386,10 @@ class Namespace:
         ):
             txn.put(key, _U64.pack(value), db=self._info)
 
+    def refresh_info(self) -> None:
+        """Read ``info`` again (another process, ``snapshot_load``, replaced the namespace)."""
+        self.info = self._read_info()
+
     def _read_info(self) -> NamespaceInfo | None:
         with self._env.begin() as txn:
             raw = {k: _U64.unpack(v)[0] for k, v in txn.cursor(db=self._info)}
@@ -506,6 +511,35 @@ class Namespace:
                     if mode & 0o170000 == stat.S_IFREG:
                         out.append((bytes(value[8:]), _ID.unpack_from(value)[0], version, size))
         return out
+
+    def next_file(self, dir_id: int, file_id: int, min_size: int) -> tuple[int, int, int] | None:
+        """``(file_id, version, size)`` of the first regular file of at least ``min_size``
+        bytes after ``file_id``'s name in a directory, in name (byte) order; None if there is
+        none or ``file_id`` is not in it. Shards are read in name order, so this is the file a
+        reader nearing the end of ``file_id`` reads next.
+
+        Blocking for a large directory (a walk of its names): callers run it in a thread.
+        """
+        prefix = _ID.pack(dir_id)
+        with self._env.begin() as txn:
+            cur = txn.cursor(db=self._dent)
+            if not cur.set_range(prefix):
+                return None
+            seen = False
+            for key, value in cur:
+                if key[:8] != prefix:
+                    break
+                child = _ID.unpack_from(value)[0]
+                if not seen:
+                    seen = child == file_id
+                    continue
+                raw = txn.get(value[:8], db=self._attr)
+                if raw is None:
+                    continue
+                mode, size, _, _, version, _ = _ATTR.unpack_from(raw)
+                if mode & 0o170000 == stat.S_IFREG and size >= min_size and child != file_id:
+                    return child, version, size
+        return None
 
     def subdirs(self, dir_id: int) -> list[int]:
         """Ids of the subdirectories of a directory (by file id). Blocking for a large

@@ -8,7 +8,7 @@ import trio
 from spoke_fakes import FakeHub
 
 from hubd import wire
-from spokefs.block_cache import BlockCache
+from spokefs.cache.block_cache import BlockCache
 from spokefs.config import BLOCK_SIZE
 from spokefs.errors import HubUnavailable
 from spokefs.fetcher import Fetcher
