@@ -33,8 +33,9 @@ bytes once and leaves the readers mostly reading what has already arrived.
 - **Re-arming.** When a read misses a small file of a directory whose fill has finished (its
   files were evicted since, e.g. in a later epoch over a dataset larger than the cache), the
   directory is queued again; the files still cached are skipped.
-- **Readers first.** A file a reader misses is fetched at once by the reader itself
-  (``fetcher.demand``), whatever the queue holds; the pump skips it later as busy or cached.
+- **Readers first.** A file a reader misses is fetched at once by the reader itself,
+  through its pack (``fetcher.demand_pack``), whatever the queue holds; the pump skips that
+  pack later as busy or cached.
   A file already in a pack on its way is waited for, and is released to its reader the
   moment its own bytes have streamed in (``fetcher.fetch_pack``), not at the pack's end.
 - **Bytes in flight** follow the link: about twice its bandwidth-delay product, the peak
@@ -86,7 +87,7 @@ _LISTERS = 2
 _INITIAL_INFLIGHT_BYTES = 64 << 20  # before anything is measured: 1 Gbit/s x 0.5 s
 _MIN_INFLIGHT_BYTES = 8 << 20
 _MIN_WARM, _MAX_WARM = 4, 32  # 32 x a 4 MiB window per 900 ms carry ~150 MB/s
-_LATER_PACKS = 64  # sibling packs queued (128 MiB) before the next sibling is listed
+_LATER_PACKS = 64  # sibling packs queued (240 MiB) before the next sibling is listed
 _RECLAIM_SCAN = 256  # unread files checked for eviction when the budget is spent
 _READING_S = 30.0  # a readdir this soon after a read miss fills its directory at once
 _CACHED_STREAK = 4  # sibling directories found cached whole before siblings are left alone
@@ -121,7 +122,6 @@ class DirFiller:
         model: LinkModel,
         *,
         small_file_bytes: int,
-        request_bytes: int,
         max_inflight_bytes: int,
         budget_bytes: int,
         reach: LinkReach,
@@ -130,7 +130,6 @@ class DirFiller:
         self._lister_ns = lister
         self._model = model
         self._small = small_file_bytes
-        self._request_bytes = request_bytes
         self._max_inflight = max(max_inflight_bytes, _MIN_INFLIGHT_BYTES)
         self._budget = budget_bytes
         self._reach = reach
