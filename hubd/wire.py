@@ -76,8 +76,11 @@ them, and the spoke still verifies every byte before it stores it:
   directory, the pack's place in it and ``pack_digest`` of its members' (id, version), so
   it is immutable; the hub recomputes the directory's packs from its own snapshot and
   answers 412 when the digest no longer matches (the spoke's namespace is behind or
-  ahead). A spoke fetches a small file through its pack, never alone, so a region's
-  caches see each small file under one URL only.
+  ahead). A spoke fetches a small file through its pack, not alone (only with read-ahead
+  off, ``--no-prefetch``, does a miss fetch just its file, as a blob), so a region's caches
+  see each small file under one URL.
+- **Snapshot and changes** stay uncacheable (``no-cache``: their URLs name no generation);
+  spokes ask the hub itself for them even when they read data through a tier.
 
 Errors are ``{"error": "<machine-readable reason>", "detail": "<one line>"}`` as JSON with a
 4xx status; the reason is also in the ``X-Spokefs-Error`` header.
