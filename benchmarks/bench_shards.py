@@ -189,8 +189,12 @@ def one_pass(args: argparse.Namespace, work: Path, deadline: Deadline, hub_port:
             nbytes, got = read_in_processes(groups)
             wall, t1 = time.perf_counter() - started, time.time()
             if mode == "stop":
+                # the limit when the reader stopped, and after: the larger is the bound
+                gauges = ("spokefs_prefetch_spill_limit_bytes", "spokefs_link_bdp_bytes")
+                at_stop = scrape(m.metrics_url, gauges)
                 down = wait_quiet(link, 2 * spec.rtt_ms / 1000 + 30) - before
-                spill = scrape(m.metrics_url, ("spokefs_prefetch_spill_limit_bytes",))
+                after = scrape(m.metrics_url, gauges)
+                spill = {k: max(at_stop.get(k, 0), after.get(k, 0)) for k in gauges}
             series.stop(settle_s=1.0)  # bytes still on their way count as carried
             in_read = series.delivered(t0, t1)
             if mode != "stop":
@@ -208,6 +212,7 @@ def one_pass(args: argparse.Namespace, work: Path, deadline: Deadline, hub_port:
         # measured, at most the 256 MiB window) plus one request
         bound = spill.get("spokefs_prefetch_spill_limit_bytes", 256 * MIB) + 4 * MIB
         out |= {"overshoot_bytes": down - nbytes, "overshoot_bound_bytes": bound,
+                "spoke_bdp_bytes": spill.get("spokefs_link_bdp_bytes", 0),
                 "overshoot_of_bound": (down - nbytes) / bound}
     return out
 
