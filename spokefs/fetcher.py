@@ -20,8 +20,10 @@ still moves 4 KiB.
 - ``demand``: the blocks a read is missing. Fetches the chunks nobody is fetching, waits
   for the rest. Demand requests go straight to the hub: no prefetch limit applies, so
   prefetch can never starve them.
-- ``demand_pack``: a small file a read is missing, through its directory's pack (never
-  alone: behind a tier, each small file must have one URL).
+- ``demand_pack``: a small file a read is missing, through its directory's pack (not
+  alone: behind a tier each small file must have one URL, else the far link carries it
+  twice). The read returns once its own file is in; the pack streams on in the task group
+  of ``run`` (the concurrency note below).
 - ``prefetch_range``: whole chunks of a byte range that are neither cached nor in flight;
   never waits for others.
 - ``fetch_pack``: the members of one pack that are neither cached nor in flight, each
@@ -29,6 +31,12 @@ still moves 4 KiB.
 
 Prefetched chunks are remembered (bounded) until a demand read uses them, which gives the
 prefetch "used" figure; "wasted" is what was prefetched and evicted or never read.
+
+Concurrency: ``run`` holds one task group for the packs that demand reads start. A demand
+read claims the pack's free members synchronously, starts the pack there and waits only for
+its own file's claim; the pack's task releases every claim whatever happens and keeps the
+last ``_PACK_ERRORS_KEPT`` failures for the readers that waited (a stale pack, 412, makes
+them fetch their file alone; any other failure is raised to them).
 """
 
 from __future__ import annotations
