@@ -9,8 +9,10 @@ Two backends implement these protocols: a directory (``export_root.ExportRoot`` 
   directory or lists the bucket into a snapshot table and makes it current when something
   changed; ``state`` is the current snapshot with its change history, replaced in one
   assignment.
-- ``Reader``: the bytes. ``read`` one range of one (file id, version), ``read_pack`` whole
-  small files, each request inside one of ``slot()``'s bounded read slots. A version that
+- ``Reader``: the bytes. ``open_framed`` one range of the framed representation of one
+  (file id, version), then ``read_piece`` it a slice at a time; ``read_pack`` one
+  deterministic pack of a directory; each request inside one of ``slot()``'s bounded
+  read slots. A version that
   is no longer current is ``StaleVersion`` (412) on both backends: a changed file on disk
   (fstat before/after), a replaced object in the bucket (``If-Match``).
 """
@@ -19,10 +21,11 @@ from __future__ import annotations
 
 import threading
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol
+from typing import Any, Protocol
 
 from hubd.export_root import ExportRoot, ExportState, Rescan
-from hubd.range_reader import Blob, Pack, RangeReader, RangeSpec
+from hubd.framed import FramedRange
+from hubd.range_reader import Pack, RangeReader, RangeSpec
 from hubd.s3.bucket import BucketExport
 from hubd.s3.reader import BucketReader
 from hubd.snapshot import Snapshot
@@ -45,6 +48,15 @@ class Export(Protocol):
     def close(self) -> None: ...
 
 
+class Framed(Protocol):
+    """An open framed answer (``framed.FramedBlob``, ``s3.reader.BucketBlob``)."""
+
+    range: FramedRange
+    pieces: int
+
+    def close(self) -> None: ...
+
+
 class Reader(Protocol):
     """Bounded reads of the current snapshot's files (see the module docstring)."""
 
@@ -52,9 +64,12 @@ class Reader(Protocol):
 
     def slot(self) -> AbstractAsyncContextManager[None]: ...
 
-    async def read(self, file_id: int, version: int, spec: RangeSpec | None) -> Blob: ...
+    async def open_framed(self, file_id: int, version: int,
+                          spec: RangeSpec | None) -> Framed: ...
 
-    async def read_pack(self, items: list[tuple[int, int]]) -> Pack: ...
+    async def read_piece(self, blob: Any, index: int) -> bytes: ...
+
+    async def read_pack(self, dir_id: int, index: int, digest: str) -> Pack: ...
 
     def close(self) -> None: ...
 

@@ -18,9 +18,11 @@ from tests.helpers.seaweed import SeaweedServer
 from tests.hubd.hubd_testlib import (
     Hub,
     decode_snapshot,
+    framed,
     paths_of,
     run_hubd,
     start_hub_process,
+    unframed,
 )
 
 FILES = {
@@ -66,10 +68,14 @@ def tree_of(hub: Hub) -> tuple[int, dict[bytes, wire.Entry]]:
 
 
 def blob(hub: Hub, entry: wire.Entry, range_: str | None = None) -> tuple[int, bytes]:
+    """(status, body) of a framed blob answer; a whole answer's frames are checked and its
+    data returned."""
     answer = hub.request(wire.blob_path(entry.file_id, entry.version),
                          {"Range": range_} if range_ else None)
-    if answer.status in (200, 206):
-        assert answer.header(wire.HEADER_CHECKSUM) == xxhash.xxh3_64_hexdigest(answer.body)
+    if answer.status == 200:
+        data = unframed(answer.body)
+        assert answer.body == framed(data, entry.file_id, entry.version)  # every sum right
+        return 200, data
     return answer.status, answer.body
 
 
@@ -98,17 +104,23 @@ def test_prefix_export_snapshot_blobs_and_packs(seaweed: SeaweedServer, bucket: 
             assert entry.size == len(FILES[key])
             assert blob(hub, entry) == (200, FILES[key])
     big = tree[b"sub/b.bin"]
-    assert blob(hub, big, "bytes=1000-1999") == (206, FILES["data/train/sub/b.bin"][1000:2000])
-    assert blob(hub, big, "bytes=76000-")[1] == FILES["data/train/sub/b.bin"][76000:]
-    assert blob(hub, big, "bytes=90000-")[0] == 416
-    names = ("a.bin", "empty", "sub/b.bin")
-    items = [(tree[n.encode()].file_id, tree[n.encode()].version) for n in names]
-    got = wire.decode_pack(_post(hub, wire.PACK_PATH, wire.encode_pack_request(items)), items)
-    for item, name in zip(items, names, strict=True):
-        record = got[item]
-        assert record is not None
-        assert record == (FILES[f"data/train/{name}"],
-                          xxhash.xxh3_64_intdigest(FILES[f"data/train/{name}"]))
+    whole = framed(FILES["data/train/sub/b.bin"], big.file_id, big.version)
+    assert blob(hub, big, "bytes=1000-1999") == (206, whole[1000:2000])
+    assert blob(hub, big, "bytes=76000-") == (206, whole[76000:])
+    assert blob(hub, big, f"bytes={len(whole)}-")[0] == 416
+    # the root's deterministic packs, planned as a spoke plans them
+    root = tree[b""]
+    files = [(p, e) for p, e in tree.items() if not e.is_dir and b"/" not in p]
+    plans = wire.plan_packs(root.file_id, [(p, e.file_id, e.version, e.size) for p, e in files])
+    served = {}
+    for plan in plans:
+        answer = hub.request(plan.path)
+        assert answer.status == 200, answer.body
+        served |= wire.decode_pack(answer.body, plan.items)
+    for path, entry in files:
+        if wire.packable(entry.size):
+            data = FILES["data/train/" + path.decode()]
+            assert served[(entry.file_id, entry.version)] == (data, xxhash.xxh3_64_intdigest(data))
     # one warning per reason, and the metric
     err = hub.stderr()
     assert err.count("keys skipped (shadowed)") == 1
@@ -118,18 +130,6 @@ def test_prefix_export_snapshot_blobs_and_packs(seaweed: SeaweedServer, bucket: 
     assert "hubd_s3_list_pages" in metrics
 
 
-def _post(hub: Hub, path: str, body: bytes) -> bytes:
-    parts = urlsplit(hub.url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
-    try:
-        conn.request("POST", path, body=body,
-                     headers={"Content-Type": "application/octet-stream"})
-        resp = conn.getresponse()
-        data = resp.read()
-        assert resp.status == 200, data
-        return data
-    finally:
-        conn.close()
 
 
 def changes_since(hub: Hub, generation: int) -> list[wire.Upsert | wire.Remove]:
