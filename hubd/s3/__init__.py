@@ -8,8 +8,9 @@ Data path::
 
     rescan thread:  BucketExport.rescan -> listing.list_objects (on the loop) -> tree.build_tree
                     -> Table -> Snapshot + changes.diff -> ExportState (one assignment)
-    request:        routes -> BucketReader.read / read_pack -> BucketExport.read
-                    -> S3Client.get (ranged GET, If-Match: the listed ETag) -> xxh3 -> answer
+    request:        routes -> BucketReader.open_framed / read_piece / read_pack
+                    -> BucketExport.read -> S3Client.get (ranged GET, If-Match: the
+                    listed ETag) -> 4 KiB frames, each with its seeded xxh3 -> answer
 
 Modules:
 
@@ -34,5 +35,6 @@ and they need no dependency beyond aiohttp, which hubd already has.
 
 Consistency: the snapshot records each object's ETag; every GET carries ``If-Match`` with
 it, so S3 refuses (412) an object replaced since the listing and the hub answers
-``stale-version``: a spoke never receives bytes of two versions under one version.
+``stale-version`` (or ends an answer already under way short, which the spoke refuses): a
+spoke never receives bytes of two versions under one version.
 """

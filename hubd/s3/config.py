@@ -33,8 +33,9 @@ class S3Config:
         max_connections: the pool's size; every hub read holds at most one connection per
             part, so this bounds parallel GETs (and SlowDown risk) per hub.
         part_bytes: a range longer than this is fetched as parallel parts of this size.
-            8 MiB: AWS's guidance for parallel ranged GETs is 8-16 MiB per part, and a hub
-            range is at most 16 MiB, so a full-size range takes two connections.
+            8 MiB: AWS's guidance for parallel ranged GETs is 8-16 MiB per part. The bucket
+            reader asks for at most 4 MiB at a time (``reader._GET_SLICES`` slices), so
+            only longer direct ``S3Client.get`` calls are split.
     """
 
     endpoint: str
