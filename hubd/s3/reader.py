@@ -7,9 +7,9 @@ neither the routes nor the wire protocol know which backend serves them:
 
 - ``open_framed``: the version and the range are checked against the snapshot (its size,
   ``wire.framed_size``) before any byte is fetched, so a stale version is a clean 412.
-  The answer's file bytes are then fetched in GETs of ``_GET_SLICES`` slices, each with
-  ``If-Match`` on the listed ETag, up to ``_GETS_AHEAD`` more started while the current
-  one's slices are sent. ``read_piece`` frames one slice
+  The answer's file bytes are then fetched in GETs of ``_GET_SLICES`` slices (4 MiB), each
+  with ``If-Match`` on the listed ETag, the next GET started while the current one's slices
+  are sent (at most two GETs' bytes per request in memory). ``read_piece`` frames one slice
   as the bytes come: a 4 KiB frame, then its seeded xxh3 (``wire.frame_seed``), exactly as
   ``framed.FramedBlob`` does for a file on disk: no byte reaches a spoke without its sum.
 - ``read_pack``: ``framed.PackPlans`` finds the pack as for a directory, then every member
@@ -37,13 +37,9 @@ from hubd.s3.bucket import BucketExport
 from hubd.s3.errors import first_error
 from hubd.snapshot import Snapshot
 
-# One GET carries one slice (1 MiB of data), and up to _GETS_AHEAD more run while it is
-# framed and sent: the first bytes leave after one 1 MiB GET rather than a 4 MiB one, and a
-# 3.75 MiB spoke request is fetched over 4 connections at once. Measured with
-# benchmarks/bench_s3_link.py (60 ms RTT, see benchmarks/README.md) against 4-slice GETs
-# with one ahead. Memory: at most 1 + _GETS_AHEAD slices per request (5 MiB).
-_GET_SLICES = 1
-_GETS_AHEAD = 4
+# One GET carries 4 slices (4 MiB of data): a spoke request (3.75 MiB) is one or two GETs,
+# and an epoch costs ~250,000 GETs per TB instead of a million with a GET per slice.
+_GET_SLICES = 4
 # Whole small files of one pack fetched at once: enough to hide S3's first-byte latency
 # (tens of ms per GET) without taking the whole connection pool from blob reads.
 _PACK_PARALLEL = 32
@@ -113,17 +109,14 @@ class BucketBlob:
         """
         n, k = divmod(i, _GET_SLICES)
         current = self._get(n)
-        gets = -(-self.pieces // _GET_SLICES)
-        for ahead in range(n + 1, min(n + 1 + _GETS_AHEAD, gets)):
-            self._get(ahead)  # the next GETs run while this one's slices are sent
+        if (n + 1) * _GET_SLICES < self.pieces:
+            self._get(n + 1)  # the next GET runs while this one's slices are sent
         data = await current
         if k == _GET_SLICES - 1 or i == self.pieces - 1:
             self._gets.pop(n, None)  # its last slice: free its bytes
         s = self._first_slice + i
         view = memoryview(data)[k * wire.SLICE_DATA_BYTES : (k + 1) * wire.SLICE_DATA_BYTES]
-        # framing 1 MiB (256 xxh3 calls and a copy) takes ~0.5 ms: off the loop
-        framed = await asyncio.to_thread(frame_slice, bytes(view), self._file_id,
-                                         self._version, s * wire.SLICE_FRAMES)
+        framed = frame_slice(bytes(view), self._file_id, self._version, s * wire.SLICE_FRAMES)
         base = s * wire.SLICE_BYTES
         lo = max(self.range.start - base, 0)
         hi = min(self.range.stop - base, len(framed))
