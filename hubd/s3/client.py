@@ -285,8 +285,9 @@ class S3Client:
     async def get_streamed(self, bucket: str, key: str, etag: str, start: int, stop: int,
                            chunk: int, deliver: Callable[[bytes], None]) -> None:
         """Bytes ``[start, stop)`` of the object at version ``etag``, handed to ``deliver``
-        in consecutive pieces of ``chunk`` bytes (the last one shorter), each as soon as it
-        has arrived: one GET, resumed after the last piece delivered if it breaks.
+        in consecutive pieces cut at the multiples of ``chunk`` (object offsets: the first
+        and the last piece may be shorter), each as soon as it has arrived: one GET,
+        resumed after the last piece delivered if it breaks.
 
         Raises:
             as ``get``; the pieces delivered before the error are good.
@@ -330,7 +331,8 @@ class S3Client:
                     skip -= len(await resp.content.readexactly(min(skip, chunk)))
                 pos = start
                 while pos < stop:
-                    data = await resp.content.readexactly(min(chunk, stop - pos))
+                    data = await resp.content.readexactly(min((pos // chunk + 1) * chunk,
+                                                              stop) - pos)
                     pos += len(data)
                     deliver(data)
         except (aiohttp.ClientError, asyncio.IncompleteReadError, TimeoutError) as exc:

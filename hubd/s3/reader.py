@@ -7,7 +7,9 @@ neither the routes nor the wire protocol know which backend serves them:
 
 - ``open_framed``: the version and the range are checked against the snapshot (its size,
   ``wire.framed_size``) before any byte is fetched, so a stale version is a clean 412.
-  The answer's file bytes are then fetched in GETs of ``_GET_SLICES`` slices (4 MiB), each
+  The answer's file bytes, from its first frame to its last (not the whole slices at its
+  edges: a spoke's 3.75 MiB range touches 4-5 slices, and their whole bytes were 1.27 x
+  what it asked for), are then fetched in GETs of up to ``_GET_SLICES`` slices (4 MiB), each
   with ``If-Match`` on the listed ETag, the next GET started while the current one's slices
   are sent (at most two GETs' bytes per request in memory). Each GET's body is streamed:
   a slice is ready as soon as its 1 MiB has arrived, so the first frames leave while the
@@ -85,6 +87,10 @@ class BucketBlob:
         self._first_slice = rng.start // wire.SLICE_BYTES
         last_slice = (rng.stop - 1) // wire.SLICE_BYTES if rng.stop > rng.start else -1
         self.pieces = last_slice - self._first_slice + 1
+        # the file bytes the answer's frames hold: [_data_start, _data_stop)
+        self._data_start = rng.start // wire.FRAME_BYTES * wire.FRAME_DATA_BYTES
+        self._data_stop = min(((rng.stop - 1) // wire.FRAME_BYTES + 1) * wire.FRAME_DATA_BYTES,
+                              size) if self.pieces else self._data_start
         self._gets: dict[int, asyncio.Task[None]] = {}  # GET number -> its task
         self._slices: dict[int, asyncio.Future[bytes]] = {}  # piece -> its file bytes
 
@@ -106,8 +112,8 @@ class BucketBlob:
         if n in self._gets:
             return
         first = self._first_slice + n * _GET_SLICES
-        start = first * wire.SLICE_DATA_BYTES
-        stop = min((first + _GET_SLICES) * wire.SLICE_DATA_BYTES, self._size)
+        start = max(first * wire.SLICE_DATA_BYTES, self._data_start)
+        stop = min((first + _GET_SLICES) * wire.SLICE_DATA_BYTES, self._data_stop)
         loop = asyncio.get_running_loop()
         pending = [self._slices.setdefault(i, loop.create_future())
                    for i in range(n * _GET_SLICES, min((n + 1) * _GET_SLICES, self.pieces))]
@@ -142,8 +148,9 @@ class BucketBlob:
             self._get(n + 1)  # the next GET runs while this one's slices are sent
         data = await self._slices.pop(i)  # its bytes are freed once framed
         s = self._first_slice + i
-        framed = frame_slice(data, self._file_id, self._version, s * wire.SLICE_FRAMES)
-        base = s * wire.SLICE_BYTES
+        frame = max(s * wire.SLICE_DATA_BYTES, self._data_start) // wire.FRAME_DATA_BYTES
+        framed = frame_slice(data, self._file_id, self._version, frame)
+        base = frame * wire.FRAME_BYTES
         lo = max(self.range.start - base, 0)
         hi = min(self.range.stop - base, len(framed))
         return framed if (lo, hi) == (0, len(framed)) else framed[lo:hi]

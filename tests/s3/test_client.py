@@ -231,8 +231,9 @@ def test_slowdown_is_retried(seaweed: SeaweedServer, bucket: str,
 
 def test_streamed_get_resumes_after_a_broken_body(seaweed: SeaweedServer,
                                                   bucket: str) -> None:
-    """A GET cut after 2.5 MiB: the two whole MiB are delivered, then one new GET for the
-    rest from the first byte not delivered; the pieces are the object's bytes, in order."""
+    """A GET cut after 2.5 MiB: the two pieces before are delivered (cut at the object's
+    MiB boundaries), then one new GET for the rest from the first byte not delivered; the
+    pieces are the object's bytes, in order."""
     mib = 1024 * 1024
     data = random.Random(11).randbytes(5 * mib + 77)
     seaweed.writer().put_object(Bucket=bucket, Key="cut.bin", Body=data)
@@ -248,8 +249,8 @@ def test_streamed_get_resumes_after_a_broken_body(seaweed: SeaweedServer,
 
     pieces, ranges, retries = asyncio.run(main())
     assert b"".join(pieces) == data[100:]
-    assert [len(p) for p in pieces] == [mib] * 4 + [len(data) - 100 - 4 * mib]
-    assert ranges == [f"bytes=100-{len(data) - 1}", f"bytes={100 + 2 * mib}-{len(data) - 1}"]
+    assert [len(p) for p in pieces] == [mib - 100] + [mib] * 4 + [77]
+    assert ranges == [f"bytes=100-{len(data) - 1}", f"bytes={2 * mib}-{len(data) - 1}"]
     assert retries == 1
 
 
