@@ -527,6 +527,7 @@ class Servers:
     ceiling: bl.Mount | None = None
     rclone_port: int | None = None
     bucket_hub: bl.Hub | None = None
+    bucket_store_pid: int | None = None  # SeaweedFS, on this machine's cores too
 
 
 @dataclass
@@ -791,7 +792,7 @@ def servers(env: Env, ds: DataSet, rtt: int) -> Iterator[Servers]:
             _, srv.rclone_port = stack.enter_context(
                 bl.rclone_serve(ds.root, env.run_dir / f"rclone-serve-{rtt}.log", env.deadline))
         if env.want("bucket-cold"):
-            srv.bucket_hub = stack.enter_context(bucket_hub(env, ds, rtt))
+            srv.bucket_hub, srv.bucket_store_pid = stack.enter_context(bucket_hub(env, ds, rtt))
         yield srv
     if srv.ceiling is not None:
         check_unmount(env, srv.ceiling, f"ceiling_fs ({rtt} ms)")
@@ -801,9 +802,9 @@ def servers(env: Env, ds: DataSet, rtt: int) -> Iterator[Servers]:
 
 
 @contextlib.contextmanager
-def bucket_hub(env: Env, ds: DataSet, rtt: int) -> Iterator[bl.Hub]:
+def bucket_hub(env: Env, ds: DataSet, rtt: int) -> Iterator[tuple[bl.Hub, int]]:
     """A SeaweedFS holding the dataset in a bucket (uploaded once) and ``hubd serve
-    s3://BUCKET`` on it; both stopped at the end."""
+    s3://BUCKET`` on it: (the hub, SeaweedFS's pid); both stopped at the end."""
     from tests.helpers.seaweed import ACCESS_KEY, SECRET_KEY, SeaweedServer
 
     server = SeaweedServer(env.run_dir / f"weed-{rtt}", env.run_dir / f"weed-logs-{rtt}")
@@ -817,7 +818,8 @@ def bucket_hub(env: Env, ds: DataSet, rtt: int) -> Iterator[bl.Hub]:
         with bl.run_hub(f"s3://{BUCKET}", env.run_dir / f"hubd-bucket-{rtt}.log",
                         env.deadline, ["--s3-endpoint", server.endpoint,
                                        "--rescan-interval", "0", *env.args.hub_arg]) as hub:
-            yield hub
+            assert server.proc is not None
+            yield hub, server.proc.pid
     finally:
         server.stop()
 
@@ -846,11 +848,19 @@ def run_bucket(env: Env, ctx: Ctx, srv: Servers) -> None:
         with bl.open_link(srv.bucket_hub.port, ctx.spec) as link, \
                 _spoke(env, f"http://127.0.0.1:{link.port}", cache, tag) as m:
             assert link.proc is not None
-            watch = Watch(link, m.metrics_url, ("spokefs", m.pid),
-                          {"hubd": srv.bucket_hub.proc.pid, "longlink": link.proc.pid})
-            rec = measure(env, ctx, "bucket-cold", m.path, watch)
+            others = {"hubd": srv.bucket_hub.proc.pid, "longlink": link.proc.pid}
+            if srv.bucket_store_pid is not None:
+                others["seaweedfs"] = srv.bucket_store_pid
+            rec = measure(env, ctx, "bucket-cold", m.path,
+                          Watch(link, m.metrics_url, ("spokefs", m.pid), others))
+            if "seaweedfs" in rec["cpu_s"] and rec["bytes"]:
+                rec["store_cpu_ms_per_mb"] = 1000 * rec["cpu_s"]["seaweedfs"] / (rec["bytes"] / 1e6)
             m.stuck |= rec["stuck_reader"]
             report(env, rec)
+            if "store_cpu_ms_per_mb" in rec:
+                print(f"    bucket-cold: hub CPU {rec.get('hub_cpu_ms_per_mb') or 0:.2f} ms/MB, "
+                      f"SeaweedFS CPU {rec['store_cpu_ms_per_mb']:.2f} ms/MB (same cores)",
+                      flush=True)
     finally:
         if not env.args.keep:
             shutil.rmtree(cache, ignore_errors=True)

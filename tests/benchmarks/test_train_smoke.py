@@ -74,6 +74,6 @@ def test_train_smoke_bucket(tmp_path: Path) -> None:
     cold = next(e for e in record["epochs"] if e["config"] == "bucket-cold")
     assert cold["samples"] == cold["planned"] == 60 and cold["mismatches"] == 0, cold
     assert cold["link_bytes"] >= cold["bytes"] > 0, cold
-    assert cold["hub_cpu_ms_per_mb"] is not None, cold
+    assert cold["hub_cpu_ms_per_mb"] is not None and cold["store_cpu_ms_per_mb"] >= 0, cold
     grades = {g["figure"]: g for g in record["goals"]}
     assert grades["bucket-cold, io: link bytes / dataset byte"]["verdict"] == "PASS", grades
