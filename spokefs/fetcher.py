@@ -30,7 +30,13 @@ import trio
 
 from hubd import wire
 from spokefs import metrics
-from spokefs.cache.block_cache import ORIGIN_DEMAND, ORIGIN_PREFETCH, ORIGIN_WARM, BlockCache
+from spokefs.cache.block_cache import (
+    ORIGIN_DEMAND,
+    ORIGIN_PREFETCH,
+    ORIGIN_REPLAY,
+    ORIGIN_WARM,
+    BlockCache,
+)
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
 from spokefs.errors import single_spoke_error
 from spokefs.hub_client import HubClient
@@ -94,11 +100,13 @@ class Fetcher:
         return self.in_flight(fv) or self.cache.has_file(fv)
 
     async def prefetch_range(
-        self, fv: FileVersion, start: int, end: int, *, warm: bool = False
+        self, fv: FileVersion, start: int, end: int, *, warm: bool = False,
+        replay: bool = False,
     ) -> int:
         """Fetch the chunks of ``[start, end)`` that are not cached or in flight; bytes fetched.
 
         ``warm``: for ``spokefs warm``; the chunks are stored as warmed (kept like hot data).
+        ``replay``: for a trace replay; stored with their own origin, for hit accounting.
         """
         await self.cache.wait_room()
         first_chunk, last_chunk = start // CHUNK_SIZE, (end - 1) // CHUNK_SIZE
@@ -108,23 +116,28 @@ class Fetcher:
         try:
             chunks = sorted(ci for _, _, ci in claimed)
             blocks = [b for ci in chunks for b in _chunk_blocks(ci, fv.blocks())]
-            origin = ORIGIN_WARM if warm else ORIGIN_PREFETCH
+            origin = ORIGIN_WARM if warm else ORIGIN_REPLAY if replay else ORIGIN_PREFETCH
             # callers pass about one request's worth, so this is usually one range request
             nbytes = 0
             for run in _runs(blocks, _RUN_BLOCKS):
                 nbytes += await self._fetch_stage(fv, run, origin)
-            if not warm:  # warmed bytes are asked for, not guessed: no prefetch accounting
+            if replay:
+                metrics.REPLAY_FETCHED_BYTES.inc(nbytes)
+            elif not warm:  # warmed bytes are asked for, not guessed: no prefetch accounting
                 self._remember_prefetched(fv, chunks)
                 metrics.PREFETCH_ISSUED_BYTES.inc(nbytes)
             return nbytes
         finally:
             self._release(claimed)
 
-    async def prefetch_files(self, files: list[FileVersion]) -> list[FileVersion]:
+    async def prefetch_files(
+        self, files: list[FileVersion], *, replay: bool = False
+    ) -> list[FileVersion]:
         """Fetch small, non-empty files whole in one pack request; the files fetched.
 
         Files already cached, staged or in flight are left out; each file is staged and
         released to its waiters as soon as it has arrived, before the pack ends.
+        ``replay``: for a trace replay (its own origin and byte count).
         """
         await self.cache.wait_room()
         free = {(f.file_id, f.version): f for f in files if f.size and not self.busy_or_cached(f)}
@@ -136,9 +149,13 @@ class Fetcher:
         def arrived(key: tuple[int, int], data: bytes | None) -> None:
             f = free[key]
             if data is not None:  # None: gone on the hub; a later open sees the new version
-                self.cache.stage(f.file_id, f.version, [(0, data)], ORIGIN_PREFETCH)
-                self._remember_prefetched(f, list(range(f.chunks())))
-                metrics.PREFETCH_ISSUED_BYTES.inc(len(data))
+                self.cache.stage(f.file_id, f.version, [(0, data)],
+                                 ORIGIN_REPLAY if replay else ORIGIN_PREFETCH)
+                if replay:
+                    metrics.REPLAY_FETCHED_BYTES.inc(len(data))
+                else:
+                    self._remember_prefetched(f, list(range(f.chunks())))
+                    metrics.PREFETCH_ISSUED_BYTES.inc(len(data))
                 fetched.append(f)
             self._release(claims.pop(key))
 

@@ -26,7 +26,7 @@ BLOCK_HITS = Counter(
     "spokefs_block_hits_total", "4 KiB blocks served from the cache, by how they got there",
     ["origin"],
 )
-for _origin in ("demand", "prefetch", "warm"):  # block_cache.ORIGINS
+for _origin in ("demand", "prefetch", "warm", "replay"):  # block_cache.ORIGINS
     BLOCK_HITS.labels(origin=_origin)
 BLOCK_MISSES = Counter("spokefs_block_misses_total", "4 KiB blocks fetched from the hub")
 
@@ -41,6 +41,12 @@ CACHE_WRITE_ERRORS = Counter(
 )
 CACHE_PROTECTED_BYTES = Gauge(
     "spokefs_cache_protected_bytes", "Cached bytes in the protected (re-used) segment"
+)
+CACHE_PINNED_BYTES = Gauge(
+    "spokefs_cache_pinned_bytes", "Cached bytes pinned (never evicted; spokefs pin)"
+)
+CACHE_PINNED_LIMIT = Gauge(
+    "spokefs_cache_pinned_limit_bytes", "Bytes that may be pinned (--max-pinned-share)"
 )
 CACHE_CORRUPTIONS = Counter(
     "spokefs_cache_corruptions_total", "Times the cache's LMDB was found corrupt and set aside"
@@ -79,4 +85,18 @@ PREFETCH_DROPPED_HINTS = Counter(
 PREFETCH_ERRORS = Counter("spokefs_prefetch_errors_total", "Background fetches that failed")
 PREFETCH_INFLIGHT_LIMIT = Gauge(
     "spokefs_prefetch_inflight_requests_limit", "Background requests allowed in flight now"
+)
+
+TRACE_RECORDS = Gauge("spokefs_trace_records", "Records in this cache dir's access trace")
+TRACE_DROPPED = Counter(
+    "spokefs_trace_dropped_total", "First accesses not recorded because the trace was full"
+)
+REPLAY_TOTAL_BYTES = Gauge(
+    "spokefs_replay_total_bytes", "Bytes of the running (or last) trace replay's working set"
+)
+REPLAY_DONE_BYTES = Gauge(
+    "spokefs_replay_done_bytes", "Bytes of the replay's working set cached so far"
+)
+REPLAY_FETCHED_BYTES = Counter(
+    "spokefs_replay_fetched_bytes_total", "Bytes fetched from the hub by trace replays"
 )
