@@ -183,6 +183,7 @@ def _account(nbytes: int, by_origin: list[int], blocks: int, misses: int,
             child.inc(count)
     if misses:
         metrics.BLOCK_MISSES.inc(misses)
+        metrics.READ_MISS_SECONDS.observe(seconds)
     hit_bytes = min(nbytes, (blocks - misses) * BLOCK_SIZE)
     _READ_BYTES["cache"].inc(hit_bytes)
     if nbytes > hit_bytes:
