@@ -38,12 +38,16 @@ async def test_first_accesses_in_order_once_each(tmp_path):
     assert await again.saved_records() == [(7, 1, 1000, WHOLE)]
 
 
+def _append(path, data: bytes) -> None:
+    with open(path, "ab") as f:
+        f.write(data)
+
+
 async def test_a_torn_record_is_cut_off_and_appends_stay_aligned(tmp_path):
     rec = TraceRecorder(tmp_path)
     rec.note(SMALL, 0, 10)
     await rec.flush()
-    with open(rec.path, "ab") as f:  # a crash in the middle of an append
-        f.write(RECORD.pack(9, 9, 9, WHOLE)[:11])
+    _append(rec.path, RECORD.pack(9, 9, 9, WHOLE)[:11])  # a crash in the middle of an append
     again = TraceRecorder(tmp_path)
     assert again.records == 1
     again.note(FileVersion(3, 1, 5), 0, 5)
