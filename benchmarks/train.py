@@ -20,13 +20,14 @@ read error is a mismatch; any mismatch makes the benchmark exit 1). Configuratio
   time = copy + epoch;
 - ``rclone``: ``rclone serve http`` -> longlink -> ``rclone mount :http: --vfs-cache-mode
   full`` (skipped with a note where rclone is not installed);
-- ``spoke-replay``: the next run of the job on a fresh node: after the spoke-cold and
+- ``spoke-replay``: the second run of the job on a fresh node: after the spoke-cold and
   spoke-warm epochs, ``spokefs trace save`` exports the mount's access trace, and a fresh
-  ``spokefs mount --replay TRACE`` (empty cache dir, same link) runs one epoch at once, with
-  another shuffle (seed + 7919: the next run does not read in the traced order), while the
-  replay fetches the trace's working set in the background. Its figures: samples/s after
-  the first 100 batches over spoke-warm's (same run and mode), epoch time over local, link
-  bytes over the trace's working set, and the p99 of reads that waited for the hub
+  ``spokefs mount --replay TRACE`` (empty cache dir, same link) runs one epoch at once, in
+  the same order as the traced run (a rerun of the same seeded job; ``--replay-reshuffle``
+  shuffles it with another seed instead), while the replay fetches the trace's working set
+  in the background. Its figures: samples/s after the first 100 batches over spoke-warm's
+  (same run and mode), epoch time over local, link bytes from the mount to the end of the
+  epoch over the trace's working set, and the p99 of reads that waited for the hub
   (``spokefs_read_miss_seconds``) over spoke-cold's (the same mount without a replay).
 
 The kernel page cache is dropped (``sync; echo 3 > /proc/sys/vm/drop_caches``) before every
@@ -115,7 +116,7 @@ warnings.filterwarnings("ignore", message="This DataLoader will create")
 CONFIGS = ("local", "spoke-cold", "spoke-warm", "spoke-remount", "spoke-replay", "ceiling",
            "copy-first", "rclone")
 SPOKE_CONFIGS = ("spoke-cold", "spoke-warm", "spoke-remount", "spoke-replay")
-REPLAY_SEED_SHIFT = 7919  # the replayed run shuffles differently from the traced one
+REPLAY_SEED_SHIFT = 7919  # --replay-reshuffle: the replayed run's other shuffle
 AFTER_BATCHES = 100  # issue 13: "the warm rate after the first 100 batches"
 LINK_CONFIGS = (*SPOKE_CONFIGS, "copy-first", "rclone")
 MODES = ("io", "train")
@@ -714,7 +715,9 @@ def run_replay(env: Env, ctx: Ctx, srv: Servers, link: LongLinkProcess, trace: P
     (in another order) at once."""
     cache = env.new_dir(f"cache-replay-{ctx.rtt}-{ctx.mode}-{ctx.run}-")
     working_set = trace_file.summary(trace_file.read(trace)[1])["bytes"]
-    nxt = dataclasses.replace(ctx, seed=ctx.seed + REPLAY_SEED_SHIFT)
+    shift = REPLAY_SEED_SHIFT if env.args.replay_reshuffle else 0
+    nxt = dataclasses.replace(ctx, seed=ctx.seed + shift)
+    before = bl.link_counters(link)  # the replay starts at the mount, before the epoch
     try:
         with _spoke(env, f"http://127.0.0.1:{link.port}", cache, f"{tag}-replay",
                     ("--replay", str(trace))) as m:
@@ -723,8 +726,9 @@ def run_replay(env: Env, ctx: Ctx, srv: Servers, link: LongLinkProcess, trace: P
             with contextlib.suppress(OSError, ValueError):
                 rec["replay"] = json.loads(os.getxattr(m.path, "user.spokefs.replay"))
             rec["trace_bytes"] = working_set
-            if rec.get("link_bytes") is not None:
-                rec["link_per_trace_byte"] = rec["link_bytes"] / working_set
+            rec["shuffle_seed"] = nxt.seed
+            rec["replay_link_bytes"] = bl.link_counters(link).minus(before).bytes_down
+            rec["link_per_trace_byte"] = rec["replay_link_bytes"] / working_set
             report(env, rec)
     finally:
         if not env.args.keep:
@@ -1114,6 +1118,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--window-bytes", type=int, default=4 * MIB, help="window per connection")
     p.add_argument("--cache-size", default="8G", help="spokefs --cache-size (8G)")
     p.add_argument("--epoch-budget-s", type=float, default=300.0, help="cap per epoch (300)")
+    p.add_argument("--replay-reshuffle", action="store_true",
+                   help="spoke-replay: read in another order than the traced run (off: the "
+                        "same seeded order, a rerun of the same job)")
     p.add_argument("--rclone-budget-s", type=float, default=90.0,
                    help="cap per rclone epoch; once cut at an RTT, rclone is not run again "
                         "there (90)")

@@ -298,14 +298,12 @@ def _ranges(t: Target, request_bytes: int) -> list[tuple[int, int]]:
 
 
 def _within(targets: list[Target], budget: int) -> tuple[list[Target], int]:
-    """The targets whose bytes fit in ``budget``, in order, and the bytes left out."""
-    kept: list[Target] = []
-    total = over = 0
-    for t in targets:
-        n = t.nbytes(EXTENT_BYTES)
-        if total + n > budget:
-            over += n
-            continue
-        kept.append(t)
-        total += n
-    return kept, over
+    """The longest prefix of the targets whose bytes fit in ``budget`` (the first accesses
+    come first), and the bytes left out."""
+    total = 0
+    for n, t in enumerate(targets):
+        size = t.nbytes(EXTENT_BYTES)
+        if total + size > budget:
+            return targets[:n], sum(u.nbytes(EXTENT_BYTES) for u in targets[n:])
+        total += size
+    return targets, 0

@@ -39,6 +39,13 @@ in memory). Two segments, each with its order in the ``order`` db:
   shrinks by one for each miss that LRU would have hit (a key back within a cache-full), down
   to 10%; above the cap the hand evicts chunks unvisited for a cache-full first, then any.
 
+A third segment, **pinned** (``spokefs pin``, see ``pins``), is never walked by any eviction
+rule: every walk seeks within its own segment's range of the ``order`` db. Its bytes count
+toward ``max_bytes`` and apart (``pinned_bytes``); they are bounded by the mount
+(``--max-pinned-share``, at most 0.9 of the cache), so the other segments keep room. A pin
+moves a whole file version's chunks in one transaction (all or none); an unpin moves them to
+protected.
+
 Hits never write: visits live in memory (32 bytes of RAM per 64 KiB of cache, at most
 256 MiB), promotions are written in batches with the next fill (or alone when 256 are
 pending). Measured on the real class (32 MiB cache, 5% window): epochs over 2x and 4x the
@@ -58,6 +65,7 @@ Invariants:
 - ``statistics()`` shows committed state only: the sync functions return the new totals and
   the trio thread applies them after the commit.
 - Each chunk is in exactly one segment and has exactly one ``order`` record.
+- ``pinned_bytes`` is the bytes of the chunks in the pinned segment (in the same meta record).
 
 Concurrency: LMDB transactions begin and end inside one synchronous function. **Why reads
 run inline:** a read (``read``, ``present_chunks_now``, ``has_file``) is one short read

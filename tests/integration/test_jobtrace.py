@@ -174,6 +174,8 @@ def test_a_replayed_mount_reads_warm_data(export, tmp_path, hub_factory, mount_f
     assert progress["total_bytes"] == progress["done_bytes"] == working_set
     assert progress["fetched_bytes"] == working_set
     assert progress["changed"] == progress["missing"] == 0
+    shown = _spokefs_ok("status", str(mnt))
+    assert "replay:     first.trace: done, 8.5 MiB of 8.5 MiB (100.0%)" in shown, shown
     before = _status(mnt)
     for p in sorted((mnt / "train").rglob("*.jpg")):
         assert p.read_bytes() == (export / p.relative_to(mnt)).read_bytes()
@@ -266,6 +268,7 @@ def test_a_pinned_file_survives_a_scan_and_a_pin_beyond_the_bound_is_refused(
         assert "pinned 1 files, 2.0 MiB" in out, out
         st = _status(mnt)
         assert st["pinned_bytes"] == 2 * MiB and st["pinned_limit_bytes"] == 4 * MiB
+        assert "pinned:     2.0 MiB of at most 4.0 MiB" in _spokefs_ok("status", str(mnt))
         (mnt / "big.bin").read_bytes()  # cached, not pinned
         assert _cached(mnt / "big.bin") == (3 * MiB, 3 * MiB)
         for _ in range(SCANS):  # scans over 2x the cache: everything else goes
