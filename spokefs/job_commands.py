@@ -239,9 +239,10 @@ class _Bar:
 def pin(paths: list[Path], unpin: bool) -> int:
     files = list(_files(paths))
     total = 0
+    name = _P + ("unpin" if unpin else "pin")
     for p, size in files:
         try:
-            total += int(os.getxattr(p, _P + ("unpin" if unpin else "pin")))
+            total += int(os.getxattr(p, name))
         except OSError as exc:
             if exc.errno == errno.ENOSPC and not unpin:
                 st = json.loads(_xattr(p, _P + "status"))
@@ -250,8 +251,7 @@ def pin(paths: list[Path], unpin: bool) -> int:
                     f"{_human(st['pinned_bytes'])} of {_human(st['pinned_limit_bytes'])} "
                     "pinned (--max-pinned-share of the cache); unpin something first"
                 ) from None
-            _xattr(p, _P + ("unpin" if unpin else "pin"))  # the generic messages
-            raise
+            total += int(_xattr(p, name))  # again: the generic messages if it fails again
     st = json.loads(_xattr(files[0][0], _STATUS)) if files else None
     verb = "unpinned" if unpin else "pinned"
     now = (f"; {_human(st['pinned_bytes'])} of {_human(st['pinned_limit_bytes'])} pinned now"

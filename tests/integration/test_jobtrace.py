@@ -227,6 +227,29 @@ def test_warm_trace_replays_resumably_and_counts_changes(export, tmp_path, hub_f
                                "header on its first line)"
 
 
+def test_a_replay_stops_where_the_cache_is_full(export, tmp_path, hub_factory,
+                                                 make_mountpoint):
+    hub = hub_factory(root=export)
+    saved = _save_trace(hub.url, tmp_path, make_mountpoint)
+    # 6 MiB of cache, 1.5 MiB of it the fill window: 4.5 MiB for the 8.5 MiB working set
+    spoke = procs.SpokeMount(hub.url, make_mountpoint("small"), tmp_path / "cache-small",
+                             tmp_path / "spoke-small", ("--no-prefetch",), cache_size="6M")
+    try:
+        spoke.start()
+        out = _spokefs_ok("warm", "--trace", str(saved), "--mount", str(spoke.mnt))
+        progress = json.loads(_attr(spoke.mnt, "replay"))
+        assert progress["total_bytes"] <= 6 * MiB - 6 * MiB // 4 < progress["total_bytes"] \
+            + progress["over_budget_bytes"]
+        assert "left out: more than the cache holds" in out, out
+        # the first accesses are the ones kept: every small file of train/ is cached
+        have, total = _cached(spoke.mnt / "train")
+        assert have == total
+        assert _status(spoke.mnt)["cache_bytes"] <= 6 * MiB
+    finally:
+        spoke.unmount()
+    spoke.assert_clean_exit()
+
+
 def test_warm_files_from_lists(export, tmp_path, hub_factory, mount_factory):
     hub = hub_factory(root=export)
     spoke = mount_factory(hub.url, "--no-prefetch")
