@@ -7,11 +7,17 @@ directories it has touched, in pack requests at the link's full rate, costs the 
 bytes once and leaves the readers mostly reading what has already arrived.
 
 - **Trigger.** The first read that misses in a directory (the read right after the
-  first open of a file that is not cached), or a readdir of it, queues the directory: the
-  first event is the cheapest moment to start (waiting for more opens only leaves the link
-  idle while readers miss). A first open whose read hits starts nothing: after a restart
-  on a warm cache, listing every directory a reader passes through and reading its files'
-  headers only competes with the reader. A directory is listed once; its small files (up
+  first open of a file that is not cached) queues the directory: the first miss is the
+  cheapest moment to start (waiting for more opens only leaves the link idle while readers
+  miss). A first open whose read hits starts nothing: after a restart on a warm cache,
+  listing every directory a reader passes through and reading its files' headers only
+  competes with the reader. A readdir queues its directory too while reads are missing
+  (within ``_READING_S`` of the last miss); otherwise it only *arms* it, and the next miss
+  anywhere queues the armed directories as siblings (below). So a DataLoader that lists
+  every class directory at start and then reads has them all filled from its first miss,
+  while ``find`` over a million entries, which reads no file, sets off no fill at all
+  (with fills it took five times as long: they listed and fetched every directory it
+  passed). A directory is listed once; its small files (up
   to ``small_file_bytes``) that are neither cached nor in flight join one FIFO queue.
 - **Siblings.** When a second subdirectory of one parent is touched, the parent's other
   subdirectories are filled too, behind every touched directory (a second queue). A
@@ -80,6 +86,7 @@ _MIN_PACK_BYTES = 256 << 10
 _PACK_FILES = 1024  # hubd's limit is 4096 per pack
 _MIN_WARM, _MAX_WARM = 4, 32  # 32 x a 4 MiB window per 900 ms carry ~150 MB/s
 _RECLAIM_SCAN = 256  # unread files checked for eviction when the budget is spent
+_READING_S = 30.0  # a readdir this soon after a read miss fills its directory at once
 _CACHED_STREAK = 4  # sibling directories found cached whole before siblings are left alone
 
 
@@ -139,11 +146,24 @@ class DirFiller:
         self._opened_early: set[tuple[int, int]] = set()  # opened while on their way
         self._inflight_bytes = 0
         self._changed = trio.Event()
+        self._armed: OrderedDict[int, None] = OrderedDict()  # listed, no read missed since
+        self._last_miss = -_READING_S
 
     # -- hints (synchronous) ----------------------------------------------------------
 
+    def on_readdir(self, dir_id: int) -> None:
+        """A readdir: fill the directory now if readers have been missing lately, else arm
+        it (see "Trigger" in the module docstring)."""
+        if time.monotonic() - self._last_miss < _READING_S:
+            self.on_dir(dir_id)
+        elif dir_id not in self._dirs:
+            self._armed[dir_id] = None
+            if len(self._armed) > _TRACKED_DIRS:
+                self._armed.popitem(last=False)
+
     def on_dir(self, dir_id: int) -> None:
-        """A readdir of the directory or an open in it: fill it if that has not begun."""
+        """An open in the directory (or a readdir while readers miss): fill it if that has
+        not begun."""
         state = self._dirs.get(dir_id)
         if state is not None:
             self._dirs.move_to_end(dir_id)
@@ -169,7 +189,12 @@ class DirFiller:
 
     def on_miss(self, fv: FileVersion, parent_id: int) -> None:
         """A read missed: fill the file's directory, or fill it again if its fill is over
-        (its files were evicted since)."""
+        (its files were evicted since); directories listed before go behind it."""
+        self._last_miss = time.monotonic()
+        if self._armed:
+            self._siblings.extend(self._armed)
+            self._armed.clear()
+            self._changed.set()
         state = self._dirs.get(parent_id)
         if state is None or not state.touched:
             self.on_dir(parent_id)

@@ -24,7 +24,6 @@ import logging
 import random
 import ssl
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import TypeVar
@@ -43,6 +42,7 @@ from spokefs.errors import (
     HubUnavailable,
     StaleExport,
 )
+from spokefs.link_model import WindowedMin
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,6 @@ _MIN_ATTEMPT_S = 0.05  # no attempt starts with less time than this before the d
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})  # 408: our body came too slowly
 # OpenSSL's X509_V_ERR_* for an issuer we do not trust (unknown, missing or self-signed)
 _ISSUER_CODES = frozenset({2, 18, 19, 20, 21})
-_RTT_SAMPLES = 64  # answers the round-trip estimate looks back over
 _ERROR_BODY_MAX = 64 << 10  # hubd's JSON errors are one line; read them so the connection stays
 
 
@@ -104,7 +103,7 @@ class HubClient:
         )
         self.reachable = True
         self.received_bytes = 0  # answer bytes from the hub so far (all kinds)
-        self._waits: deque[float] = deque(maxlen=_RTT_SAMPLES)
+        self._waits = WindowedMin()  # answer waits: the round trip is their recent minimum
 
     def _received(self, nbytes: int) -> None:
         self.received_bytes += nbytes
@@ -112,9 +111,9 @@ class HubClient:
 
     @property
     def rtt_s(self) -> float | None:
-        """The shortest recent wait from sending a blob or pack request to its answer's
-        headers: the round trip plus the hub's own time (None before any answer)."""
-        return min(self._waits) if self._waits else None
+        """The shortest wait of the last minute from sending a blob or pack request to its
+        answer's headers: the round trip plus the hub's own time (None before any answer)."""
+        return self._waits.value()
 
     async def __aenter__(self) -> HubClient:
         return self

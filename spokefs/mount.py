@@ -180,7 +180,7 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
                     replayer.start(replay, cfg.replay_path.name if cfg.replay_path else "")
                 if prefetcher is not None:
                     await nursery.start(prefetcher.run)
-                    nursery.start_soon(hub.keep_warm, prefetcher.dirs.warm_connections,
+                    nursery.start_soon(hub.keep_warm, prefetcher.warm_connections,
                                        cfg.prefetch.warm_interval_s)
                 await pyfuse3.main(min_tasks=2, max_tasks=cfg.fuse_max_tasks)
                 with trio.move_on_after(_FLUSH_AT_EXIT_S):

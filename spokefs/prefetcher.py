@@ -26,8 +26,9 @@ responses in flight, at most ``max_inflight_bytes``):
    successors nobody opened are forgotten after ``_AHEAD_KEPT`` newer ones.
 3. **Small files** (up to ``small_file_bytes``) are fetched whole on first read by the reader
    itself; that is a demand fetch, not a prefetch.
-4. **Directories.** The first open in a directory, or a readdir of it, starts a fill of its
-   small files in pack requests (``dir_fill``), within a budget of half the cache.
+4. **Directories.** The first read miss in a directory (or a readdir of it while reads
+   miss) starts a fill of its small files in pack requests (``dir_fill``), within a budget
+   of half the cache.
 
 Priority: demand reads never wait for a prefetch slot (they go to the hub directly, see
 ``fetcher``). Stream jobs share one limiter whose size ``LinkModel`` finds by measuring the
@@ -63,6 +64,7 @@ log = logging.getLogger(__name__)
 _SEQ_SLACK = 2 << 20  # how far out of order the kernel's own read-ahead sends reads
 _QUEUED_JOBS = 4096
 _CONTROL_INTERVAL_S = 0.25
+_MAX_WARM = 64  # connections kept open for stream requests
 _AHEAD_KEPT = 64  # successor streams not opened yet
 _QUEUED_LOOKUPS = 64
 
@@ -89,7 +91,8 @@ class Prefetcher:
         self._cfg = cfg
         self._jobs_tx, self._jobs_rx = trio.open_memory_channel[_Job](_QUEUED_JOBS)
         max_requests = max(1, cfg.max_inflight_bytes // cfg.request_bytes)
-        self.model = LinkModel(min(8, max_requests), max_requests, min(16, max_requests))
+        self._min_requests = min(8, max_requests)
+        self.model = LinkModel(self._min_requests, max_requests, min(16, max_requests))
         self._limiter = trio.CapacityLimiter(self.model.limit)
         self.reach = LinkReach(fetcher.received_bytes, fetcher.rtt_s,
                                cfg.assumed_link_bytes_per_s)
@@ -122,7 +125,7 @@ class Prefetcher:
         return Stream(fv, parent_id)
 
     def on_readdir(self, dir_id: int) -> None:
-        self.dirs.on_dir(dir_id)
+        self.dirs.on_readdir(dir_id)
 
     def on_miss(self, stream: Stream) -> None:
         """A read of the stream missed the cache."""
@@ -275,6 +278,20 @@ class Prefetcher:
         if nbytes:
             self.model.record(nbytes, time.monotonic() - started)
 
+    def _floor_requests(self) -> int:
+        """Stream requests always allowed in flight: twice the link's bandwidth-delay product
+        (a probe that starts at 16 requests of ~4 MiB needs several seconds to find the 60
+        that a 900 ms, 1 Gbit/s link takes, and a run of shards would spend them at half
+        speed); the model probes above it."""
+        bdp = self.reach.bdp_bytes() or 0
+        need = -(-2 * bdp // self._cfg.request_bytes)
+        return max(self._min_requests, min(self.model.max_requests, need))
+
+    def warm_connections(self) -> int:
+        """Connections for the hub client to keep open: what directory fills need, or the
+        stream requests' floor if that is more."""
+        return max(self.dirs.warm_connections(), min(self._floor_requests(), _MAX_WARM))
+
     async def _control(self) -> None:
         """Size the background limiter to the link, a few times a second."""
         while True:
@@ -283,7 +300,10 @@ class Prefetcher:
                 self._limiter.statistics().tasks_waiting > 0
                 or self._jobs_rx.statistics().current_buffer_used > 0
             )
+            self.model.set_floor(self._floor_requests())
             est = self.model.update(waiting)
             if est.limit != self._limiter.total_tokens:
                 self._limiter.total_tokens = est.limit
             metrics.PREFETCH_INFLIGHT_LIMIT.set(est.limit)
+            metrics.LINK_BDP.set(self.reach.bdp_bytes() or 0)
+            metrics.PREFETCH_SPILL_LIMIT.set(self.spill_bytes())

@@ -12,7 +12,7 @@ from spokefs.cache.block_cache import BlockCache
 from spokefs.config import PrefetchConfig
 from spokefs.fetcher import Fetcher
 from spokefs.prefetcher import Prefetcher
-from spokefs.reader import Reader
+from spokefs.reader import Reader, Stream
 from spokefs.types import FileVersion
 
 MiB = 1 << 20
@@ -152,7 +152,7 @@ async def test_a_waiting_reader_gets_its_file_before_its_pack_ends(tmp_path):
     async with trio.open_nursery() as nursery:
         await nursery.start(pf.run)
         await nursery.start(reader._cache.run)
-        pf.on_readdir(7)  # a readdir starts the fill too
+        pf.on_miss(Stream(listing[-1], 7))  # a read of the last file missed: fill starts
         with trio.fail_after(5):
             while not hub.packs:
                 await trio.sleep(0.01)
@@ -174,7 +174,7 @@ async def test_an_evicted_directory_is_filled_again(tmp_path):
     async with trio.open_nursery() as nursery:
         await nursery.start(pf.run)
         await nursery.start(cache.run)
-        pf.on_readdir(7)
+        pf.on_miss(Stream(listing[-1], 7))
         with trio.fail_after(10):
             while not all(cache.has_file(fv) for fv in listing):
                 await trio.sleep(0.02)
@@ -264,4 +264,28 @@ async def test_a_jump_cuts_off_the_next_shard(tmp_path, autojump_clock):
         pf.on_read(s, 0, 4096)  # the reader went back to the start
         assert s.successor is None and succ.closed
         assert pf.on_open(listing[1], 7) is not succ  # a fresh stream when it comes
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_readdir_arms_its_directory_and_the_next_miss_fills_it(tmp_path):
+    # find over a large tree reads no file: its readdirs must not set off fills
+    files = {(100 + i, 1): os.urandom(20_000 + i) for i in range(10)}
+    listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in files.items()]
+    other = FileVersion(999, 1, 5000)
+    files[(999, 1)] = os.urandom(5000)
+    hub, pf, reader = setup(tmp_path, files, dirs={7: listing, 8: [other]})
+    cache = reader._cache
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pf.run)
+        await nursery.start(cache.run)
+        pf.on_readdir(7)
+        await trio.sleep(1)
+        assert not hub.packs and not hub.calls  # armed, not filled
+        s = reader.open(other, 8)  # a reader misses elsewhere: armed directories go too
+        assert await reader.read(s, 0, other.size) == files[(999, 1)]
+        with trio.fail_after(10):
+            while not all(cache.has_file(fv) for fv in listing):
+                await trio.sleep(0.02)
+        pf.on_readdir(9)  # while reads miss, a readdir fills at once
+        assert 9 in pf.dirs._dirs
         nursery.cancel_scope.cancel()
