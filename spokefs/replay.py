@@ -205,6 +205,9 @@ class Replayer:
                 pack.append(t.fv)
                 pack_bytes += t.fv.size
                 continue
+            if pack:  # the small files before it go first
+                await self._launch(nursery, pack_bytes, self._pack, progress, pack, pack_bytes)
+                pack, pack_bytes = [], 0
             for start, end in _ranges(t, self._request_bytes):
                 present = self._fetcher.cache.present_chunks_now(
                     t.fv, start // _CHUNK, (end - 1) // _CHUNK)

@@ -1,0 +1,116 @@
+"""The replayer against a real block cache and a fake hub: the trace's working set in
+first-access order, small files in packs and large ones in ranges of their extents only,
+what is cached skipped (a rerun fetches nothing), the cache's bound respected, and the
+replayed blocks counted under their own origin."""
+
+from __future__ import annotations
+
+import os
+
+import trio
+from spoke_fakes import FakeHub
+
+from spokefs.cache.block_cache import BlockCache
+from spokefs.config import CHUNK_SIZE
+from spokefs.fetcher import Fetcher
+from spokefs.link_model import LinkReach
+from spokefs.replay import Replayer
+from spokefs.trace import EXTENT_BYTES
+from spokefs.trace_file import Entry, Resolved, Target
+from spokefs.types import FileVersion
+
+REQUEST = 3 << 20
+
+
+def _setup(tmp_path, files: dict[str, bytes], budget: int = 1 << 40):
+    fvs = {path: FileVersion(n + 1, 1, len(data)) for n, (path, data) in enumerate(files.items())}
+    hub = FakeHub({(fv.file_id, 1): files[p] for p, fv in fvs.items()}, delay_s=0.01)
+    cache = BlockCache(tmp_path, 1 << 30)
+    fetcher = Fetcher(cache, hub)  # type: ignore[arg-type]
+
+    def resolve(entries: list[Entry]) -> Resolved:
+        targets = [Target(fvs[e.path], e.extents) for e in entries if e.path in fvs]
+        return Resolved(targets, 0, sum(1 for e in entries if e.path not in fvs))
+
+    replayer = Replayer(fetcher, LinkReach(lambda: 0, lambda: None, 1e8), resolve,
+                        small_file_bytes=1 << 20, request_bytes=REQUEST,
+                        max_inflight_bytes=64 << 20, budget_bytes=lambda: budget)
+    return hub, cache, replayer, fvs
+
+
+async def _replay(replayer: Replayer, cache: BlockCache, entries: list[Entry]):
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        await nursery.start(replayer.run)
+        replayer.start(entries, "t")
+        while replayer.progress().state in ("resolving", "running"):
+            await trio.sleep(0.01)
+        await cache.flush()
+        nursery.cancel_scope.cancel()
+    return replayer.progress()
+
+
+async def test_first_access_order_packs_and_extents(tmp_path):
+    files = {f"d/{i}.jpg": os.urandom(50_000 + i) for i in range(6)}
+    files["big.tar"] = os.urandom(3 * EXTENT_BYTES + 1000)
+    hub, cache, replayer, fvs = _setup(tmp_path, files)
+    order = ["d/4.jpg", "d/1.jpg", "big.tar", "d/0.jpg", "gone.jpg"]
+    entries = [Entry(p, 1, len(files.get(p, b"")), (2, 0) if p == "big.tar" else None)
+               for p in order]
+    p = await _replay(replayer, cache, entries)
+    small = sum(len(files[x]) for x in order if x.endswith(".jpg") and x in files)
+    assert p.state == "done" and p.missing == 1
+    assert p.total_bytes == p.done_bytes == p.fetched_bytes == small + 2 * EXTENT_BYTES
+    # the small files before the large one go in one pack, in order, before its ranges (the
+    # requests run concurrently, so the hub may see them in any order); the ones after it
+    # in another; the large file's extents 2 and 0, in requests of at most REQUEST
+    assert sorted(hub.packs) == sorted([
+        [(fvs["d/4.jpg"].file_id, 1), (fvs["d/1.jpg"].file_id, 1)],
+        [(fvs["d/0.jpg"].file_id, 1)]])
+    big = fvs["big.tar"].file_id
+    ranges = [(s, n) for f, _, s, n in hub.calls if f == big]
+    assert sorted(ranges) == sorted([(2 * EXTENT_BYTES, REQUEST),
+                                     (2 * EXTENT_BYTES + REQUEST, EXTENT_BYTES - REQUEST),
+                                     (0, REQUEST), (REQUEST, EXTENT_BYTES - REQUEST)])
+    assert all(n <= REQUEST for _, n in ranges)
+    got = await cache.get_blocks(big, 1, 0, EXTENT_BYTES // 4096 - 1)
+    assert got.by_origin[3] == EXTENT_BYTES // 4096  # ORIGIN_REPLAY
+    assert not await cache.get_blocks(big, 1, EXTENT_BYTES // 4096, EXTENT_BYTES // 4096)
+    # a rerun finds everything cached and fetches nothing
+    calls, packs = len(hub.calls), len(hub.packs)
+    again = await _replay(replayer, cache, entries)
+    assert again.id == p.id + 1 and again.fetched_bytes == 0
+    assert again.done_bytes == again.total_bytes == p.total_bytes
+    assert (len(hub.calls), len(hub.packs)) == (calls, packs)
+    cache.close()
+
+
+async def test_the_working_set_is_cut_where_the_cache_is_full(tmp_path):
+    files = {f"{i}.jpg": os.urandom(CHUNK_SIZE * 4) for i in range(10)}
+    hub, cache, replayer, fvs = _setup(tmp_path, files, budget=CHUNK_SIZE * 4 * 3 + 10)
+    entries = [Entry(f"{i}.jpg", 1, CHUNK_SIZE * 4, None) for i in (5, 2, 7, 1)]
+    p = await _replay(replayer, cache, entries)
+    assert p.total_bytes == p.fetched_bytes == CHUNK_SIZE * 4 * 3
+    assert p.over_budget_bytes == CHUNK_SIZE * 4
+    fetched = {f for pack in hub.packs for f, _ in pack}
+    assert fetched == {fvs[f"{i}.jpg"].file_id for i in (5, 2, 7)}
+    cache.close()
+
+
+async def test_a_new_replay_replaces_the_running_one(tmp_path):
+    files = {f"{i}.jpg": os.urandom(100_000) for i in range(40)}
+    hub, cache, replayer, _ = _setup(tmp_path, files)
+    hub.delay_s = 0.5
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        await nursery.start(replayer.run)
+        first = replayer.start([Entry(f"{i}.jpg", 1, 100_000, None) for i in range(40)], "a")
+        await trio.sleep(0.1)
+        second = replayer.start([Entry("0.jpg", 1, 100_000, None)], "b")
+        while replayer.progress().state in ("resolving", "running"):
+            await trio.sleep(0.01)
+        assert replayer.progress().id == second == first + 1
+        assert replayer.progress().state == "done"
+        replayer.stop()
+        nursery.cancel_scope.cancel()
+    cache.close()
