@@ -43,8 +43,7 @@ async def _replay(replayer: Replayer, cache: BlockCache, entries: list[Entry]):
         await nursery.start(cache.run)
         await nursery.start(replayer.run)
         replayer.start(entries, "t")
-        while replayer.progress().state in ("resolving", "running"):
-            await trio.sleep(0.01)
+        await replayer.wait_finished()
         await cache.flush()
         nursery.cancel_scope.cancel()
     return replayer.progress()
@@ -107,8 +106,7 @@ async def test_a_new_replay_replaces_the_running_one(tmp_path):
         first = replayer.start([Entry(f"{i}.jpg", 1, 100_000, None) for i in range(40)], "a")
         await trio.sleep(0.1)
         second = replayer.start([Entry("0.jpg", 1, 100_000, None)], "b")
-        while replayer.progress().state in ("resolving", "running"):
-            await trio.sleep(0.01)
+        await replayer.wait_finished()
         assert replayer.progress().id == second == first + 1
         assert replayer.progress().state == "done"
         replayer.stop()
