@@ -112,13 +112,9 @@ class JobControl:
     async def _load(self, path: Path, uid: int) -> tuple[dict[str, object], list[Entry]]:
         """A trace file the caller may read, parsed (in a worker thread)."""
         try:
-            st = await trio.to_thread.run_sync(os.stat, path)
-        except OSError as exc:
-            raise BadRequest(f"trace {path}: {exc.strerror}") from None
-        if uid != 0 and st.st_uid != uid and not st.st_mode & stat.S_IROTH:
-            raise NotPermitted(f"uid {uid} may not read {path}")
-        try:
-            return await trio.to_thread.run_sync(read, path)
+            return await trio.to_thread.run_sync(read, path, uid)
+        except PermissionError as exc:
+            raise NotPermitted(str(exc)) from None
         except UserError as exc:
             raise BadRequest(str(exc)) from None
 

@@ -115,11 +115,17 @@ def loads(raw: bytes, name: str) -> tuple[dict[str, object], list[Entry]]:
     return head, entries
 
 
-def read(path: Path) -> tuple[dict[str, object], list[Entry]]:
+def read(path: Path, uid: int | None = None) -> tuple[dict[str, object], list[Entry]]:
     """Load a trace file from disk (blocking).
+
+    Args:
+        uid: read it for this user: only if it is theirs or readable by all (checked on the
+            opened file, so a symlink swapped in after a check cannot slip through); None:
+            with the caller's own rights.
 
     Raises:
         UserError: unreadable, not a regular file, too large, or not a trace.
+        PermissionError: ``uid`` may not read it.
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not hang us
@@ -127,6 +133,8 @@ def read(path: Path) -> tuple[dict[str, object], list[Entry]]:
         raise UserError(f"cannot read trace {path}: {exc.strerror}") from None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
+        if uid not in (None, 0, st.st_uid) and not st.st_mode & stat.S_IROTH:
+            raise PermissionError(f"uid {uid} may not read {path}")
         if not stat.S_ISREG(st.st_mode):
             raise UserError(f"trace {path} is not a regular file")
         if st.st_size > MAX_TRACE_BYTES:

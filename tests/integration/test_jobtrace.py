@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -75,6 +77,14 @@ def _spokefs_ok(*args: str, input_bytes: bytes | None = None) -> str:
     assert r.returncode == 0, f"spokefs {' '.join(args)}: exit {r.returncode}\n{out}\n{err}"
     assert "Traceback" not in err
     return out
+
+
+def _as_nobody(path: Path, name: str) -> subprocess.CompletedProcess:
+    """``getxattr(path, name)`` as uid 65534 (the system's Python: no imports but os)."""
+    code = "import os, sys; print(os.getxattr(sys.argv[1], sys.argv[2]).decode())"
+    return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                           "/usr/bin/python3", "-c", code, str(path), name],
+                          capture_output=True, text=True, timeout=30, check=False)
 
 
 def _read_uncached(path: Path) -> bytes:
@@ -218,6 +228,20 @@ def test_warm_trace_replays_resumably_and_counts_changes(export, tmp_path, hub_f
     assert "1 entries changed on the hub" in out and "1 no longer on it" in out, out
     out = _spokefs_ok("trace", "show", str(edited), "--mount", str(spoke.mnt))
     assert "mismatches:  1 changed on the hub, 1 gone" in out, out
+    # the daemon reads a trace for a caller only if the caller may read it
+    shared = Path(tempfile.mkdtemp(prefix="jobtrace-", dir="/tmp"))
+    try:
+        shared.chmod(0o755)
+        private = shared / "private.trace"
+        private.write_bytes(saved.read_bytes())
+        private.chmod(0o600)
+        denied = _as_nobody(spoke.mnt, f"user.spokefs.replay:{private}")
+        assert "Permission denied" in denied.stderr, denied.stderr
+        private.chmod(0o644)
+        allowed = _as_nobody(spoke.mnt, f"user.spokefs.replay:{private}")
+        assert allowed.returncode == 0, allowed.stderr
+    finally:
+        shutil.rmtree(shared)
     # a file that is no trace: one line, exit 1
     bad = tmp_path / "bad.trace"
     bad.write_text("hello\n")
