@@ -60,7 +60,12 @@ def _call(path: Path, name: str) -> str:
 
 def trace_save(dest: Path, mount: Path) -> int:
     root = mount_root(mount)
-    info = json.loads(_call(root, "trace.save"))
+    try:
+        info = json.loads(os.getxattr(root, _P + "trace.save"))
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:  # the one refusal of trace.save
+            raise UserError(f"{root} records no trace (mounted with --no-trace)") from None
+        info = json.loads(_call(root, "trace.save"))  # the generic messages
     data = bytearray()
     for n in range(-(-int(info["size"]) // int(info["page"]))):
         data += os.getxattr(root, f"{_P}trace.page.{n}")

@@ -276,8 +276,12 @@ def test_a_replay_stops_where_the_cache_is_full(export, tmp_path, hub_factory,
 
 def test_warm_files_from_lists(export, tmp_path, hub_factory, mount_factory):
     hub = hub_factory(root=export)
-    spoke = mount_factory(hub.url, "--no-prefetch")
+    spoke = mount_factory(hub.url, "--no-prefetch", "--no-trace")
     mnt = spoke.mnt
+    assert "trace:      off" in _spokefs_ok("status", str(mnt))
+    r = procs.run_spokefs("trace", "save", str(tmp_path / "t.trace"), "--mount", str(mnt))
+    assert r.returncode == 1 and r.stderr.strip() == (
+        f"spokefs: error: {mnt} records no trace (mounted with --no-trace)"), r.stderr
     listing = tmp_path / "list.txt"
     listing.write_text(f"{mnt}/val/000.jpg\n{mnt}/val/001.jpg\n")
     _spokefs_ok("warm", "--files-from", str(listing))
