@@ -185,6 +185,7 @@ class Replayer:
         try:
             async with trio.open_nursery() as nursery:
                 await self._issue(progress, targets, nursery)
+            await self._fetcher.cache.flush()  # done means stored, as for ``warm``
         finally:
             progress.seconds = time.monotonic() - started
         progress.state = "done"

@@ -320,8 +320,8 @@ def test_a_pinned_file_survives_a_scan_and_a_pin_beyond_the_bound_is_refused(
         st = _status(mnt)
         assert st["pinned_bytes"] == 2 * MiB and st["pinned_limit_bytes"] == 4 * MiB
         assert "pinned:     2.0 MiB of at most 4.0 MiB" in _spokefs_ok("status", str(mnt))
-        (mnt / "big.bin").read_bytes()  # cached, not pinned
-        assert _cached(mnt / "big.bin") == (3 * MiB, 3 * MiB)
+        (mnt / "big.bin").read_bytes()  # cached, not pinned (stored by the writer soon after)
+        _wait(lambda: _cached(mnt / "big.bin") == (3 * MiB, 3 * MiB), 10, "big.bin stored")
         for _ in range(SCANS):  # scans over 2x the cache: everything else goes
             for p in sorted((mnt / "scan").iterdir()):
                 _read_uncached(p)
