@@ -5,6 +5,7 @@ clients of a running mount's job attributes (``job_control``). Plain blocking ca
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -187,25 +188,18 @@ def _replay(path: Path, root: Path) -> int:
     return 0
 
 
-class _short_copy:  # a context manager used like a function: lower case
+@contextlib.contextmanager
+def _short_copy(path: Path) -> Iterator[str]:
     """The trace's absolute path, or a copy at a short temporary path when the attribute
     name would be too long for it."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = Path(os.path.abspath(path))
-        self._tmp: tempfile._TemporaryFileWrapper[bytes] | None = None
-
-    def __enter__(self) -> str:
-        if len(os.fsencode(self._path)) <= _NAME_ROOM:
-            return str(self._path)
-        self._tmp = tempfile.NamedTemporaryFile(prefix="spokefs-", suffix=".trace")
-        self._tmp.write(self._path.read_bytes())
-        self._tmp.flush()
-        return self._tmp.name
-
-    def __exit__(self, *exc: object) -> None:
-        if self._tmp is not None:
-            self._tmp.close()
+    full = Path(os.path.abspath(path))
+    if len(os.fsencode(full)) <= _NAME_ROOM:
+        yield str(full)
+        return
+    with tempfile.NamedTemporaryFile(prefix="spokefs-", suffix=".trace") as tmp:
+        tmp.write(full.read_bytes())
+        tmp.flush()
+        yield tmp.name
 
 
 class _Bar:

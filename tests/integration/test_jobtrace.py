@@ -217,6 +217,12 @@ def test_warm_trace_replays_resumably_and_counts_changes(export, tmp_path, hub_f
     assert _cached(spoke.mnt / "shard.tar")[0] == 8 * MiB  # extents 0 and 1 only
     again = _spokefs_ok("warm", "--trace", str(saved), "--mount", str(spoke.mnt))
     assert "(0 B fetched" in again, again
+    # a path too long for an attribute name goes through a short temporary copy
+    deep = tmp_path / ("d" * 120) / ("e" * 120)
+    deep.mkdir(parents=True)
+    (deep / "job.trace").write_bytes(saved.read_bytes())
+    again = _spokefs_ok("warm", "--trace", str(deep / "job.trace"), "--mount", str(spoke.mnt))
+    assert "replayed 25 files" in again and "(0 B fetched" in again, again
     # a trace that names a file the hub no longer has, and one of another version
     lines = saved.read_text().splitlines()
     first = json.loads(lines[1])
