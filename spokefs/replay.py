@@ -4,11 +4,13 @@ the link's full speed (``spokefs mount --replay``, ``spokefs warm --trace``/``--
 - **Order.** Targets go in the trace's order, so the files a job reads first arrive first;
   epoch 1 of the next run then reads what has already arrived, as long as the replay stays
   ahead of it.
-- **Full speed.** Small files (up to ``small_file_bytes``) go many to a pack request
-  (``fetcher.prefetch_files``), large ones in ranges of ``request_bytes`` (runs of the
-  trace's extents, cut); requests run in parallel until about twice the link's
-  bandwidth-delay product is in flight (``link_model.LinkReach``, as directory fills do):
-  a long link is full only when that much is on its way.
+- **Full speed.** Small files come in their directories' packs (``wire.plan_packs``, one
+  URL per small file for a regional tier; a pack is started at the first of its files in
+  the trace, so a trace that read part of a directory also brings the rest of each pack it
+  touches, at most ``wire.PACK_MAX_BYTES`` a pack), large ones in ranges of
+  ``request_bytes`` (runs of the trace's extents, cut); requests run in parallel until
+  about twice the link's bandwidth-delay product is in flight (``link_model.LinkReach``, as
+  directory fills do): a long link is full only when that much is on its way.
 - **Demand first.** A reader's miss is fetched by the reader at once (``fetcher.demand``
   ignores every background limit), and a replay never has more than its in-flight bound on
   the link ahead of it; what a reader has fetched is skipped when the replay gets there.
@@ -34,9 +36,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import trio
 
+from hubd import wire
 from spokefs import metrics
 from spokefs.cache.block_cache import BlockCache
 from spokefs.errors import SpokeError
@@ -50,8 +54,22 @@ log = logging.getLogger(__name__)
 
 _MIN_INFLIGHT_BYTES = 8 << 20
 _INITIAL_INFLIGHT_BYTES = 64 << 20  # as directory fills: 1 Gbit/s x 0.5 s, until measured
-_MIN_PACK_BYTES = 256 << 10
-_PACK_FILES = 1024  # hubd's limit is 4096 per pack
+
+
+class PackFinder(Protocol):
+    """Where a small file's pack is (``mount._DirLister``: each directory's packs, listed
+    once and kept)."""
+
+    async def pack_of(self, dir_id: int, fv: FileVersion) -> wire.PackPlan | None: ...
+
+
+@dataclass(slots=True)
+class _PackJob:
+    """A pack this replay started: the bytes of the trace's files that come with it, and
+    whether it is over (files attached later count as done at once)."""
+
+    attached: int = 0
+    finished: bool = False
 
 
 @dataclass(slots=True)
@@ -92,12 +110,13 @@ class Replayer:
 
     def __init__(
         self, fetcher: Fetcher, reach: LinkReach, resolve: Callable[[list[Entry]], Resolved],
-        *, small_file_bytes: int, request_bytes: int, max_inflight_bytes: int,
+        packs: PackFinder, *, small_file_bytes: int, request_bytes: int, max_inflight_bytes: int,
         budget_bytes: Callable[[], int],
     ) -> None:
         self._fetcher = fetcher
         self._reach = reach
         self._resolve = resolve
+        self._packs = packs
         self._small = small_file_bytes
         self._request_bytes = request_bytes
         self._max_inflight = max(max_inflight_bytes, _MIN_INFLIGHT_BYTES)
@@ -197,27 +216,14 @@ class Replayer:
     async def _issue(self, progress: Progress, targets: list[Target],
                      nursery: trio.Nursery) -> None:
         """Walk the targets in order, starting requests while the in-flight bound allows."""
-        pack: list[FileVersion] = []
-        pack_bytes = 0
+        packs: dict[str, _PackJob] = {}  # the packs this replay started, by URL path
         for n, t in enumerate(targets):
             if n % 256 == 0:
                 await trio.lowlevel.checkpoint()  # a long run of cached files must not
                 # hold the event loop
-            limit = self._pack_limit()
-            if t.extents is None and 0 < t.fv.size <= self._small:
-                if self._fetcher.busy_or_cached(t.fv):
-                    self._done(progress, t.fv.size)
-                    continue
-                if pack and (pack_bytes + t.fv.size > limit or len(pack) >= _PACK_FILES):
-                    await self._launch(nursery, pack_bytes, self._pack, progress, pack,
-                                       pack_bytes)
-                    pack, pack_bytes = [], 0
-                pack.append(t.fv)
-                pack_bytes += t.fv.size
+            if t.extents is None and wire.packable(t.fv.size) and t.fv.size <= self._small:
+                await self._small_file(progress, t, packs, nursery)
                 continue
-            if pack:  # the small files before it go first
-                await self._launch(nursery, pack_bytes, self._pack, progress, pack, pack_bytes)
-                pack, pack_bytes = [], 0
             for start, end in _ranges(t, self._request_bytes):
                 present = self._fetcher.cache.present_chunks_now(
                     t.fv, start // _CHUNK, (end - 1) // _CHUNK)
@@ -226,8 +232,27 @@ class Replayer:
                     continue
                 await self._launch(nursery, end - start, self._range, progress, t.fv, start,
                                    end)
-        if pack:
-            await self._launch(nursery, pack_bytes, self._pack, progress, pack, pack_bytes)
+
+    async def _small_file(self, progress: Progress, t: Target, packs: dict[str, _PackJob],
+                          nursery: trio.Nursery) -> None:
+        """A small file comes through its directory's pack (protocol v2: one URL per small
+        file, so a regional tier caches it once); a pack is started once per replay."""
+        if self._fetcher.busy_or_cached(t.fv):
+            self._done(progress, t.fv.size)
+            return
+        plan = await self._packs.pack_of(t.dir_id, t.fv)
+        if plan is None:  # the namespace moved on: the file alone
+            await self._launch(nursery, t.fv.size, self._range, progress, t.fv, 0, t.fv.size)
+            return
+        job = packs.get(plan.path)
+        if job is None:
+            job = packs[plan.path] = _PackJob()
+            job.attached += t.fv.size
+            await self._launch(nursery, plan.file_bytes, self._pack, progress, plan, job)
+        elif job.finished:
+            self._done(progress, t.fv.size)  # it came (or failed) with its pack already
+        else:
+            job.attached += t.fv.size
 
     async def _launch(self, nursery: trio.Nursery, nbytes: int,
                       fn: Callable[..., Awaitable[None]], *args: object) -> None:
@@ -240,18 +265,18 @@ class Replayer:
         self._inflight += nbytes
         nursery.start_soon(fn, *args)
 
-    async def _pack(self, progress: Progress, files: list[FileVersion], nbytes: int) -> None:
+    async def _pack(self, progress: Progress, plan: wire.PackPlan, job: _PackJob) -> None:
         try:
-            fetched = await self._fetcher.prefetch_files(files, replay=True)
+            fetched = await self._fetcher.fetch_pack(plan, replay=True)
             got = sum(f.size for f in fetched)
             progress.fetched_bytes += got
-            self._done(progress, nbytes)
         except SpokeError as exc:  # a rerun fetches it
-            progress.failed_bytes += nbytes
-            self._done(progress, nbytes)
+            progress.failed_bytes += job.attached
             log.debug("replay pack failed: %s", exc)
         finally:
-            self._inflight -= nbytes
+            job.finished = True
+            self._done(progress, job.attached)
+            self._inflight -= plan.file_bytes
             self._changed.set()
 
     async def _range(self, progress: Progress, fv: FileVersion, start: int, end: int) -> None:
@@ -278,11 +303,6 @@ class Replayer:
         if bdp is None:
             return _INITIAL_INFLIGHT_BYTES
         return min(self._max_inflight, max(_MIN_INFLIGHT_BYTES, 2 * bdp))
-
-    def _pack_limit(self) -> int:
-        """A pack is an eighth of the bytes in flight, at most one request: several
-        connections share the work (one carries at most its TCP window per round trip)."""
-        return max(_MIN_PACK_BYTES, min(self._request_bytes, self._target_inflight() // 8))
 
 
 _CHUNK = 64 << 10  # config.CHUNK_SIZE; ranges are cut on chunk boundaries

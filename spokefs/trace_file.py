@@ -50,10 +50,12 @@ class Entry:
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """An entry resolved against the namespace: what a replay fetches."""
+    """An entry resolved against the namespace: what a replay fetches (``dir_id``: the id
+    of the directory its path names, whose packs a small file comes in)."""
 
     fv: FileVersion
     extents: tuple[int, ...] | None
+    dir_id: int = 0
 
     def nbytes(self, extent_bytes: int) -> int:
         if self.extents is None:
@@ -188,7 +190,8 @@ def resolve(ns: Namespace, entries: list[Entry]) -> Resolved:
         extents = e.extents
         if extents is not None and a.size <= EXTENT_BYTES:
             extents = None
-        targets.append(Target(FileVersion(a.file_id, a.version, a.size), extents))
+        targets.append(Target(FileVersion(a.file_id, a.version, a.size), extents,
+                              ns.file_id(dir_ino)))
     return Resolved(targets, changed, missing)
 
 

@@ -292,12 +292,15 @@ def test_warm_files_from_lists(export, tmp_path, hub_factory, mount_factory):
     listing.write_text(f"{mnt}/val/000.jpg\n{mnt}/val/001.jpg\n")
     _spokefs_ok("warm", "--files-from", str(listing))
     assert _cached(mnt / "val/000.jpg") == (20 * KiB, 20 * KiB)
-    assert _cached(mnt / "val/002.jpg")[0] == 0
-    nul = f"{mnt}/val/002.jpg\0{mnt}/train/a\0".encode()
+    assert _cached(mnt / "val/001.jpg") == (20 * KiB + 1, 20 * KiB + 1)
+    # small files come in their directory's packs (protocol v2): val/ came whole, nothing else
+    assert _cached(mnt / "train") == (0, 24 * 20 * KiB + 2 * sum(range(12)))
+    nul = f"{mnt}/train/a\0{mnt}/shard.tar\0".encode()
     _spokefs_ok("warm", "--files-from", "-", "-0", input_bytes=nul)
-    assert _cached(mnt / "val/002.jpg")[0] == 20 * KiB + 2
     have, total = _cached(mnt / "train/a")
     assert have == total > 0
+    assert _cached(mnt / "shard.tar") == (14 * MiB, 14 * MiB)  # a large file listed: whole
+    assert _cached(mnt / "train/b")[0] == 0
     outside = tmp_path / "outside.txt"
     outside.write_text(f"{listing}\n")
     r = procs.run_spokefs("warm", "--files-from", str(outside), "--mount", str(mnt))
