@@ -4,12 +4,11 @@ the link's full speed (``spokefs mount --replay``, ``spokefs warm --trace``/``--
 - **Order.** Targets go in the trace's order, so the files a job reads first arrive first;
   epoch 1 of the next run then reads what has already arrived, as long as the replay stays
   ahead of it.
-- **Full speed.** Small files that the trace reads close together come in their
-  directories' packs (``wire.plan_packs``; a pack is started at the first of its files in
-  the trace, so it also brings the pack's files the trace did not read, at most
-  ``wire.PACK_MAX_BYTES`` a pack); small files that it reads far apart (a shuffled pass)
-  come alone, in the trace's order (``_plans`` says why); large ones in ranges of
-  ``request_bytes`` (runs of the trace's extents, cut). Requests run in parallel until
+- **Full speed.** Small files come in their directories' packs (``wire.plan_packs``, one
+  URL per small file for a regional tier; a pack is started at the first of its files in
+  the trace, so a trace that read part of a directory also brings the rest of each pack it
+  touches, at most ``wire.PACK_MAX_BYTES`` a pack), large ones in ranges of
+  ``request_bytes`` (runs of the trace's extents, cut); requests run in parallel until
   about twice the link's bandwidth-delay product is in flight (``link_model.LinkReach``, as
   directory fills do): a long link is full only when that much is on its way.
 - **Demand first.** A reader's miss is fetched by the reader at once (``fetcher.demand``
@@ -217,14 +216,13 @@ class Replayer:
     async def _issue(self, progress: Progress, targets: list[Target],
                      nursery: trio.Nursery) -> None:
         """Walk the targets in order, starting requests while the in-flight bound allows."""
-        plans = await self._plans(targets)
         packs: dict[str, _PackJob] = {}  # the packs this replay started, by URL path
         for n, t in enumerate(targets):
             if n % 256 == 0:
                 await trio.lowlevel.checkpoint()  # a long run of cached files must not
                 # hold the event loop
-            if _small(t, self._small):
-                await self._small_file(progress, t, plans[n], packs, nursery)
+            if t.extents is None and wire.packable(t.fv.size) and t.fv.size <= self._small:
+                await self._small_file(progress, t, packs, nursery)
                 continue
             for start, end in _ranges(t, self._request_bytes):
                 present = self._fetcher.cache.present_chunks_now(
@@ -235,42 +233,15 @@ class Replayer:
                 await self._launch(nursery, end - start, self._range, progress, t.fv, start,
                                    end)
 
-    async def _plans(self, targets: list[Target]) -> list[wire.PackPlan | None]:
-        """Each small target's pack if the pack is worth fetching whole, else None.
-
-        A pack is fetched whole when the trace reads its files close together (within
-        ``_PACK_SPREAD_BYTES`` of the trace's bytes, e.g. a directory read in name order):
-        then it brings what is read next. A pack whose files the trace reads far apart (a
-        shuffled pass: every pack's files spread over the whole epoch) would bring bytes
-        long before they are read, ahead of the ones read next; its files come alone, in
-        the trace's order. (Behind a regional tier that gives those files a second URL,
-        the blob's, besides their pack's; replays of the same trace on other nodes ask for
-        the same blobs.)
-        """
-        found: list[wire.PackPlan | None] = []
-        span: dict[str, tuple[int, int]] = {}
-        pos = 0
-        for n, t in enumerate(targets):
-            if n % 256 == 0:
-                await trio.lowlevel.checkpoint()
-            plan = None
-            if _small(t, self._small):
-                plan = await self._packs.pack_of(t.dir_id, t.fv)
-                if plan is not None:
-                    first = span.get(plan.path, (pos, pos))[0]
-                    span[plan.path] = (first, pos)
-            found.append(plan)
-            pos += t.nbytes(EXTENT_BYTES)
-        whole = {path for path, (a, b) in span.items() if b - a <= _PACK_SPREAD_BYTES}
-        return [p if p is not None and p.path in whole else None for p in found]
-
-    async def _small_file(self, progress: Progress, t: Target, plan: wire.PackPlan | None,
-                          packs: dict[str, _PackJob], nursery: trio.Nursery) -> None:
-        """A small file, through its pack (started once per replay) or alone."""
+    async def _small_file(self, progress: Progress, t: Target, packs: dict[str, _PackJob],
+                          nursery: trio.Nursery) -> None:
+        """A small file comes through its directory's pack (protocol v2: one URL per small
+        file, so a regional tier caches it once); a pack is started once per replay."""
         if self._fetcher.busy_or_cached(t.fv):
             self._done(progress, t.fv.size)
             return
-        if plan is None:
+        plan = await self._packs.pack_of(t.dir_id, t.fv)
+        if plan is None:  # the namespace moved on: the file alone
             await self._launch(nursery, t.fv.size, self._range, progress, t.fv, 0, t.fv.size)
             return
         job = packs.get(plan.path)
@@ -335,12 +306,6 @@ class Replayer:
 
 
 _CHUNK = 64 << 10  # config.CHUNK_SIZE; ranges are cut on chunk boundaries
-_PACK_SPREAD_BYTES = 4 * wire.PACK_MAX_BYTES  # a few packs: about what a replay has in flight
-
-
-def _small(t: Target, small_file_bytes: int) -> bool:
-    """Whether a target is a small file read whole (a pack member)."""
-    return t.extents is None and wire.packable(t.fv.size) and t.fv.size <= small_file_bytes
 
 
 def _ranges(t: Target, request_bytes: int) -> list[tuple[int, int]]:

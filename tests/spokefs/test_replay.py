@@ -135,24 +135,3 @@ async def test_a_new_replay_replaces_the_running_one(tmp_path):
         replayer.stop()
         nursery.cancel_scope.cancel()
     cache.close()
-
-
-async def test_a_pack_whose_files_are_read_far_apart_is_not_fetched_whole(tmp_path):
-    files = {f"d/{i}.jpg": os.urandom(40_000 + i) for i in range(4)}
-    files["big.tar"] = os.urandom(5 * EXTENT_BYTES)
-    hub, cache, replayer, fvs = _setup(tmp_path, files)
-    # d/0 and d/1 are 20 MiB of trace apart (a shuffled pass): they come alone, in order
-    entries = [Entry("d/0.jpg", 1, 40_000, None),
-               Entry("big.tar", 1, 5 * EXTENT_BYTES, (0, 1, 2, 3, 4)),
-               Entry("d/1.jpg", 1, 40_001, None)]
-    p = await _replay(replayer, cache, entries)
-    assert p.fetched_bytes == p.total_bytes == 80_001 + 5 * EXTENT_BYTES
-    assert hub.packs == []
-    alone = {(f, s, n) for f, _, s, n in hub.calls if f != fvs["big.tar"].file_id}
-    assert alone == {(fvs["d/0.jpg"].file_id, 0, 40_000), (fvs["d/1.jpg"].file_id, 0, 40_001)}
-    assert _cached_now(cache, fvs["d/2.jpg"]) is False  # not read, not fetched
-    cache.close()
-
-
-def _cached_now(cache: BlockCache, fv: FileVersion) -> bool:
-    return cache.has_file(fv)
