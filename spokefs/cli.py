@@ -1,4 +1,5 @@
-"""Command line: ``spokefs mount``, ``umount``, ``status``, ``refresh`` and ``warm``.
+"""Command line: ``spokefs mount``, ``umount``, ``status``, ``refresh``, ``warm``, ``trace``,
+``pin`` and ``unpin``.
 
 The only module that reads argv and files named on the command line; it builds a frozen
 ``SpokeConfig``. User errors print one line ``spokefs: error: ...`` and exit 1 (usage errors
@@ -27,7 +28,7 @@ from urllib.parse import urlsplit
 
 import trio
 
-from spokefs import cachedir, commands, sdnotify
+from spokefs import cachedir, commands, job_commands, sdnotify, trace_file
 from spokefs.cachedir import CacheLock
 from spokefs.config import PrefetchConfig, SpokeConfig
 from spokefs.errors import UserError
@@ -162,6 +163,13 @@ def _parser() -> argparse.ArgumentParser:
                         "version from then on; handle: one version per open file (ESTALE "
                         "when it is gone); auto (default): kernel where this pyfuse3 supports "
                         "it (deploy/build-pyfuse3.sh), else handle")
+    m.add_argument("--replay", type=Path, metavar="TRACE",
+                   help="replay a trace (spokefs trace save) from the mount on, in the "
+                        "background: the next run's first epoch reads warm data")
+    m.add_argument("--no-trace", action="store_true",
+                   help="do not record the access trace in the cache dir")
+    m.add_argument("--max-pinned-share", type=float, default=0.5,
+                   help="share of --cache-size that pinned files may hold (default 0.5)")
     u = sub.add_parser("umount", help="unmount a spokefs mount")
     u.add_argument("mountpoint", type=Path)
     u.add_argument("--lazy", action="store_true", help="detach now even if busy (umount -l)")
@@ -169,9 +177,30 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("path", type=Path, nargs="?", default=Path("."))
     r = sub.add_parser("refresh", help="poll the hub for namespace changes now")
     r.add_argument("path", type=Path, help="the mount point or any path in it")
-    w = sub.add_parser("warm", help="fill the cache with files or whole trees")
-    w.add_argument("paths", type=Path, nargs="+")
+    w = sub.add_parser("warm", help="fill the cache with files or whole trees, a trace's "
+                                    "working set, or a list of files")
+    w.add_argument("paths", type=Path, nargs="*")
     w.add_argument("--jobs", type=int, default=8, help="files warmed at once (default 8)")
+    w.add_argument("--trace", type=Path, help="replay this trace (spokefs trace save)")
+    w.add_argument("--files-from", metavar="FILE", help="the paths to warm, one a line; - reads "
+                                                        "them from stdin")
+    w.add_argument("-0", "--null", action="store_true",
+                   help="--files-from is NUL-separated (find -print0)")
+    w.add_argument("--mount", type=Path, help="the mount (default: the one the files are on)")
+    t = sub.add_parser("trace", help="save, show or clear the access trace of a mount")
+    tsub = t.add_subparsers(dest="trace_command", required=True)
+    ts = tsub.add_parser("save", help="write the mount's current trace to a file")
+    ts.add_argument("name", type=Path)
+    ts.add_argument("--mount", type=Path, default=Path("."),
+                    help="the mount or a path in it (default: .)")
+    tw = tsub.add_parser("show", help="summarise a trace file (and how much is cached)")
+    tw.add_argument("file", type=Path)
+    tw.add_argument("--mount", type=Path, help="the mount to check it against (default: .)")
+    tc = tsub.add_parser("clear", help="start a new trace")
+    tc.add_argument("--mount", type=Path, default=Path("."))
+    for verb in ("pin", "unpin"):
+        pn = sub.add_parser(verb, help=f"{verb} files or trees (pinned data is never evicted)")
+        pn.add_argument("paths", type=Path, nargs="+")
     return p
 
 
@@ -188,6 +217,10 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
     for name in ("hub_deadline", "mount_deadline"):
         if getattr(args, name) <= 0:
             raise UserError(f"--{name.replace('_', '-')} must be positive")
+    if not 0 <= args.max_pinned_share <= 0.9:  # the rest must keep the cache working
+        raise UserError("--max-pinned-share must be between 0 and 0.9")
+    if args.replay is not None:
+        trace_file.read(args.replay)  # a bad trace fails before anything is mounted
     return SpokeConfig(
         hub_url=hub_url, mountpoint=args.mountpoint.absolute(),
         cache_dir=args.cache_dir.absolute(), cache_max_bytes=args.cache_size,
@@ -198,6 +231,9 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
         prefetch=PrefetchConfig(enabled=not args.no_prefetch),
         open_mode=_open_mode(args.open_mode),
         tier_url=_hub_url(args.tier, "tier") if args.tier else None,
+        trace=not args.no_trace,
+        replay_path=args.replay.absolute() if args.replay is not None else None,
+        max_pinned_share=args.max_pinned_share,
     )
 
 
@@ -317,6 +353,29 @@ def _umount(mountpoint: Path, lazy: bool) -> int:
     return 0
 
 
+def _warm(args: argparse.Namespace) -> int:
+    sources = [bool(args.paths), args.trace is not None, args.files_from is not None]
+    if sum(sources) != 1:
+        raise UserError("warm takes PATHS, --trace FILE or --files-from FILE (one of them)")
+    if args.null and args.files_from is None:
+        raise UserError("-0 goes with --files-from")
+    if args.trace is not None:
+        return job_commands.warm_trace(args.trace, args.mount or Path("."))
+    if args.files_from is not None:
+        return job_commands.warm_list(args.files_from, args.null, args.mount)
+    if args.jobs < 1:
+        raise UserError("--jobs must be at least 1")
+    return commands.warm(args.paths, args.jobs)
+
+
+def _trace(args: argparse.Namespace) -> int:
+    if args.trace_command == "save":
+        return job_commands.trace_save(args.name, args.mount)
+    if args.trace_command == "show":
+        return job_commands.trace_show(args.file, args.mount)
+    return job_commands.trace_clear(args.mount)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -327,9 +386,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "refresh":
             return commands.refresh(args.path)
         if args.command == "warm":
-            if args.jobs < 1:
-                raise UserError("--jobs must be at least 1")
-            return commands.warm(args.paths, args.jobs)
+            return _warm(args)
+        if args.command == "trace":
+            return _trace(args)
+        if args.command in ("pin", "unpin"):
+            return job_commands.pin(args.paths, unpin=args.command == "unpin")
         return _run_mount(args)
     except UserError as exc:
         print(f"spokefs: error: {exc}", file=sys.stderr, flush=True)

@@ -89,6 +89,11 @@ class SpokeConfig:
         open_mode: ``kernel`` (the kernel opens files without a request: lookup + reads per
             file; needs our patched pyfuse3) or ``handle`` (an open and a release per file,
             one version per open file); see ``fuse_ops.SpokeOps``.
+        trace: record the access trace in the cache dir (``trace``); costs a comparison per
+            read and 28 bytes per file first read.
+        replay_path: a trace file to replay from the mount on (``replay``), or None.
+        max_pinned_share: the share of ``cache_max_bytes`` that pins may hold (the rest
+            keeps the cache working for everything else).
     """
 
     hub_url: str
@@ -112,5 +117,8 @@ class SpokeConfig:
     open_mode: str = "handle"
     tier_url: str | None = None
     prefetch: PrefetchConfig = PrefetchConfig()
+    trace: bool = True
+    replay_path: Path | None = None
+    max_pinned_share: float = 0.5
     daemon: bool = False
     log_level: str = "INFO"
