@@ -7,6 +7,16 @@ retried with capped exponential backoff and full jitter until that deadline, the
 ``HubUnavailable``. Answers that retrying cannot fix map straight to domain errors:
 404/412 -> ``StaleExport``, 401 -> ``HubUnauthorized``, other 4xx -> ``HubProtocolError``.
 
+Replicas (``hub_origins``): each attempt goes to ``HubOrigins.current()``. A transient
+failure is reported there (which moves the mount to the next hub) and the retry goes to
+the new current hub at once, without a backoff pause, as long as this request has not
+tried it yet; once it has tried them all it backs off as with one hub. With several hubs
+an attempt is also bounded by ``failover_after_s``, so a hub that hangs (rather than
+refuses) costs a read that long, not the whole deadline. A 404/412 from one hub is asked
+again of each other reachable hub before it becomes ``StaleExport`` (a replica one rescan
+behind may not list a new file yet). A 400 to ``/v1/changes`` (``since`` newer than the
+hub's generation) is ``HubBehind``: the refresher keeps its namespace for a while.
+
 Every blob body is checked against the hub's ``X-Spokefs-XXH3`` before it is returned, so
 bytes damaged on the way are never cached; a blob or pack answer is never read past the
 bytes asked for (a lying hub cannot fill memory). A snapshot answer with another content
@@ -38,11 +48,13 @@ from spokefs import metrics
 from spokefs.errors import (
     CorruptBlock,
     GenerationGone,
+    HubBehind,
     HubProtocolError,
     HubUnauthorized,
     HubUnavailable,
     StaleExport,
 )
+from spokefs.hub_origins import HubOrigins
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +68,7 @@ _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})  # 408: our body cam
 _ISSUER_CODES = frozenset({2, 18, 19, 20, 21})
 _RTT_SAMPLES = 64  # answers the round-trip estimate looks back over
 _ERROR_BODY_MAX = 64 << 10  # hubd's JSON errors are one line; read them so the connection stays
+_PROBE_TIMEOUT_S = 5.0  # a /healthz probe of a hub not in use: a few bytes, a few round trips
 
 
 class _Retry(Exception):
@@ -67,32 +80,31 @@ class _Retry(Exception):
 
 
 class HubClient:
-    """One pooled HTTP client for one hub.
+    """One pooled HTTP client for the hub, or for the hub replicas of ``origins``.
 
     Attributes:
-        base_url: the hub URL without a trailing slash.
-        reachable: False after a request failed for a transient reason, True after one
-            succeeded; transitions are logged once, not every failure.
+        origins: the hub URLs and the one in use.
     """
 
     def __init__(
         self,
-        base_url: str,
+        origins: HubOrigins | str,
         *,
         token: str | None,
         max_connections: int,
         request_timeout_s: float,
         deadline_s: float,
         tls: ssl.SSLContext | None = None,
+        failover_after_s: float = 10.0,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.origins = origins if isinstance(origins, HubOrigins) else HubOrigins([origins])
         self._deadline_s = deadline_s
+        self._failover_after_s = failover_after_s
         # identity: bodies are read raw and capped, so nothing may inflate them on the way
         headers = {"User-Agent": "spokefs/0.1", "Accept-Encoding": "identity"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self._http = httpx.AsyncClient(
-            base_url=self.base_url,
             headers=headers,
             timeout=httpx.Timeout(request_timeout_s, connect=min(request_timeout_s, 10.0)),
             limits=httpx.Limits(
@@ -102,9 +114,18 @@ class HubClient:
             follow_redirects=False,
             verify=tls if tls is not None else True,  # https: system roots by default
         )
-        self.reachable = True
         self.received_bytes = 0  # answer bytes from the hub so far (all kinds)
         self._waits: deque[float] = deque(maxlen=_RTT_SAMPLES)
+
+    @property
+    def base_url(self) -> str:
+        """The URL of the hub in use now."""
+        return self.origins.current()
+
+    @property
+    def reachable(self) -> bool:
+        """Whether the hub in use answered its last request (or has not been asked)."""
+        return self.origins.reachable(self.origins.current())
 
     def _received(self, nbytes: int) -> None:
         self.received_bytes += nbytes
@@ -131,9 +152,9 @@ class HubClient:
     async def fetch_snapshot(self, *, deadline_s: float | None = None) -> bytes:
         """The compressed snapshot, whole (a 1M-entry namespace is tens of MB at most)."""
 
-        async def attempt() -> bytes:
+        async def attempt(base: str) -> bytes:
             sent = time.monotonic()
-            async with self._http.stream("GET", wire.SNAPSHOT_PATH) as resp:
+            async with self._http.stream("GET", base + wire.SNAPSHOT_PATH) as resp:
                 self._waits.append(time.monotonic() - sent)
                 self._check_status(resp, "snapshot")
                 ctype = resp.headers.get("content-type", "")
@@ -154,16 +175,18 @@ class HubClient:
 
         Raises:
             GenerationGone: the hub no longer knows that generation (take a snapshot).
+            HubBehind: that generation is newer than the hub's (a replica a rescan behind).
         """
 
-        async def attempt() -> bytes:
-            resp = await self._http.get(wire.CHANGES_PATH, params={"since": str(since)})
-            if resp.status_code in (400, 410):
-                # 410: too old; 400: newer than the hub's (its clock went back across a
-                # restart). Either way only a full snapshot can bring us in step.
-                metrics.HUB_REQUESTS.labels(kind="changes", status=str(resp.status_code)).inc()
-                raise GenerationGone(f"hub has no changes since generation {since} "
-                                     f"({resp.status_code})")
+        async def attempt(base: str) -> bytes:
+            resp = await self._http.get(base + wire.CHANGES_PATH, params={"since": str(since)})
+            if resp.status_code == 410:
+                metrics.HUB_REQUESTS.labels(kind="changes", status="410").inc()
+                raise GenerationGone(f"hub has no changes since generation {since} (410)")
+            if resp.status_code == 400:
+                # we never send a malformed generation: ours is newer than the hub's
+                metrics.HUB_REQUESTS.labels(kind="changes", status="400").inc()
+                raise HubBehind(f"hub {base} is behind generation {since} (400)")
             self._check_status(resp, "changes")
             self._received(len(resp.content))
             return resp.content
@@ -182,9 +205,9 @@ class HubClient:
         path = wire.blob_path(file_id, version)
         headers = {"Range": f"bytes={start}-{start + length - 1}"}
 
-        async def attempt() -> bytes:
+        async def attempt(base: str) -> bytes:
             sent = time.monotonic()
-            async with self._http.stream("GET", path, headers=headers) as resp:
+            async with self._http.stream("GET", base + path, headers=headers) as resp:
                 self._waits.append(time.monotonic() - sent)
                 await self._check_streamed(resp, "blob")
                 body = await _read_capped(resp, length)
@@ -221,7 +244,7 @@ class HubClient:
         out: dict[tuple[int, int], bytes | None] = {}
         remaining = list(items)
 
-        async def attempt() -> dict[tuple[int, int], bytes | None]:
+        async def attempt(base: str) -> dict[tuple[int, int], bytes | None]:
             if not remaining:  # the link broke after the last file was in
                 return out
             asked = list(remaining)
@@ -230,7 +253,7 @@ class HubClient:
             decoder = wire.PackDecoder(asked)
             sent = time.monotonic()
             async with self._http.stream(
-                "POST", wire.PACK_PATH, content=wire.encode_pack_request(asked),
+                "POST", base + wire.PACK_PATH, content=wire.encode_pack_request(asked),
                 headers={"Content-Type": "application/octet-stream"},
             ) as resp:
                 self._waits.append(time.monotonic() - sent)
@@ -276,10 +299,20 @@ class HubClient:
 
     async def _touch(self) -> None:
         try:
-            resp = await self._http.get(wire.HEALTH_PATH)
+            resp = await self._http.get(self.origins.current() + wire.HEALTH_PATH)
             self._received(len(resp.content))
         except httpx.HTTPError:
             pass  # a hub that is away is noticed by real requests
+
+    async def probe(self, base: str) -> bool:
+        """Whether the hub at ``base`` answers ``GET /healthz`` with 200; never raises."""
+        try:
+            with trio.fail_after(_PROBE_TIMEOUT_S):
+                resp = await self._http.get(base + wire.HEALTH_PATH)
+        except (httpx.HTTPError, trio.TooSlowError):
+            return False
+        self._received(len(resp.content))
+        return resp.status_code == 200
 
     async def _check_streamed(self, resp: httpx.Response, kind: str) -> None:
         """``_check_status`` for a streamed answer; an error's short body is read first so
@@ -308,54 +341,66 @@ class HubClient:
     async def _with_retries(
         self,
         kind: str,
-        attempt: Callable[[], Awaitable[T]],
+        attempt: Callable[[str], Awaitable[T]],
         deadline_s: float | None,
         *,
         bound_attempt: bool,
     ) -> T:
         deadline = time.monotonic() + (self._deadline_s if deadline_s is None else deadline_s)
         delay = _BACKOFF_FIRST_S
+        tried: set[str] = set()  # hubs this request tried since its last backoff pause
+        stale: set[str] = set()  # hubs that answered 404/412
+        base = self.origins.current()
         while True:
             started = time.monotonic()
-            # no attempt may run past the deadline: a hung hub must not hang the reader
+            # no attempt may run past the deadline: a hung hub must not hang the reader,
+            # nor, with replicas, hold it from the next hub for long
             limit = max(deadline - started, 0.001) if bound_attempt else float("inf")
+            if bound_attempt and self.origins.several:
+                limit = min(limit, self._failover_after_s)
+            tried.add(base)
             try:
                 with trio.fail_after(limit):
-                    result = await attempt()
+                    result = await attempt(base)
             except trio.TooSlowError:
                 failure = _Retry("timeout", f"no answer within {limit:.1f}s")
             except (httpx.TransportError, _Retry) as exc:
                 if (untrusted := _certificate_failure(exc)) is not None:
                     # retrying cannot make a certificate verify: fail now, clearly
                     metrics.HUB_ERRORS.labels(reason="tls").inc()
-                    raise HubUnavailable(f"hub {self.base_url}: {untrusted}") from _Retry(
+                    raise HubUnavailable(f"hub {base}: {untrusted}") from _Retry(
                         "tls", untrusted)
                 failure = exc if isinstance(exc, _Retry) else _Retry(type(exc).__name__, str(exc))
+            except StaleExport:
+                self.origins.worked(base)
+                stale.add(base)
+                other = self.origins.other_than(stale)
+                if other is None or time.monotonic() >= deadline:
+                    raise
+                base = other  # a replica a rescan behind its peer: ask the peer too
+                continue
             else:
                 metrics.HUB_SECONDS.labels(kind=kind).observe(time.monotonic() - started)
-                self._mark_reachable(True, "")
+                self.origins.worked(base)
                 return result
             metrics.HUB_ERRORS.labels(reason=failure.reason).inc()
-            self._mark_reachable(False, f"{failure.reason}: {failure}")
-            # full jitter: spread the retries of many readers over the whole interval; the
-            # last pause ends at the deadline, for one last attempt there
+            self.origins.failed(base, f"{failure.reason}: {failure}")
             remaining = deadline - time.monotonic()
             if remaining <= _MIN_ATTEMPT_S:
                 raise HubUnavailable(
-                    f"hub {self.base_url} unavailable ({failure.reason}: {failure})"
+                    f"hub {base} unavailable ({failure.reason}: {failure})"
                 ) from failure
-            pause = min(random.uniform(0, delay), remaining - _MIN_ATTEMPT_S)
             metrics.HUB_RETRIES.inc()
+            base = self.origins.current()
+            if base not in tried:
+                continue  # failed over to a hub this request has not tried: at once
+            tried.clear()
+            # full jitter: spread the retries of many readers over the whole interval; the
+            # last pause ends at the deadline, for one last attempt there
+            pause = min(random.uniform(0, delay), remaining - _MIN_ATTEMPT_S)
             await trio.sleep(pause)
             delay = min(delay * 2, _BACKOFF_MAX_S)
-
-    def _mark_reachable(self, ok: bool, why: str) -> None:
-        if ok != self.reachable:
-            self.reachable = ok
-            if ok:
-                log.warning("hub %s reachable again", self.base_url)
-            else:
-                log.warning("hub %s unreachable: %s", self.base_url, why)
+            base = self.origins.current()
 
 
 def _decoded(

@@ -34,6 +34,7 @@ from spokefs.errors import UserError
 from spokefs.fetcher import Fetcher
 from spokefs.fuse_ops import SpokeOps
 from spokefs.hub_client import HubClient
+from spokefs.hub_origins import HubOrigins
 from spokefs.mounttab import find_mount
 from spokefs.namespace import Namespace, NamespaceInfo
 from spokefs.prefetcher import Prefetcher
@@ -108,7 +109,7 @@ def _fuse_options(cfg: SpokeConfig) -> set[str]:
     options = set(pyfuse3.default_options)  # default_permissions: the kernel checks modes
     # The source in the mount table is the hub URL, as in an fstab line, so `mount -a`
     # sees the line is mounted already (a comma would split the option: then "spokefs").
-    fsname = cfg.hub_url if "," not in cfg.hub_url else "spokefs"
+    fsname = cfg.hub_source if "," not in cfg.hub_source else "spokefs"
     options |= {"ro", "allow_other", f"fsname={fsname}", "subtype=spokefs"}
     return options
 
@@ -118,11 +119,12 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
     check_mountpoint(cfg)
     _start_metrics(cfg)  # before the hub: a port in use fails the mount at once
     async with AsyncExitStack() as stack:
+        origins = HubOrigins(cfg.hub_urls)
         hub = await stack.enter_async_context(
             HubClient(
-                cfg.hub_url, token=cfg.token, max_connections=cfg.hub_max_connections,
+                origins, token=cfg.token, max_connections=cfg.hub_max_connections,
                 request_timeout_s=cfg.hub_request_timeout_s, deadline_s=cfg.hub_deadline_s,
-                tls=cfg.tls,
+                tls=cfg.tls, failover_after_s=cfg.hub_failover_after_s,
             )
         )
         ns = Namespace(cfg.cache_dir / "namespace")
@@ -148,7 +150,8 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             pyfuse3.init(ops, str(cfg.mountpoint), _fuse_options(cfg))
         except RuntimeError as exc:
             raise UserError(f"cannot mount on {cfg.mountpoint}: {exc}") from None
-        log.info("mounted %s at %s (open mode %s)", cfg.hub_url, cfg.mountpoint, cfg.open_mode)
+        log.info("mounted %s at %s (open mode %s)", cfg.hub_source, cfg.mountpoint,
+                 cfg.open_mode)
         set_kernel_readahead(cfg.mountpoint, cfg.kernel_readahead_kib)
         clean = False
         try:
@@ -158,6 +161,8 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
                 refresher.mounted = True
                 await nursery.start(cache.run)
                 await nursery.start(refresher.run)
+                if origins.several:
+                    await nursery.start(origins.watch_preferred, hub.probe)
                 if prefetcher is not None:
                     await nursery.start(prefetcher.run)
                     nursery.start_soon(hub.keep_warm, prefetcher.dirs.warm_connections,
