@@ -372,12 +372,23 @@ class HubClient:
                         "tls", untrusted)
                 failure = exc if isinstance(exc, _Retry) else _Retry(type(exc).__name__, str(exc))
             except StaleExport:
+                # a replica a rescan behind its peer may not list a new file yet: ask the
+                # others; if every reachable hub says so but one is away, that one (or
+                # these, after their next rescan) may list it: wait, as for an outage
                 self.origins.worked(base)
                 stale.add(base)
-                other = self.origins.other_than(stale)
-                if other is None or time.monotonic() >= deadline:
+                if deadline - time.monotonic() <= _MIN_ATTEMPT_S:
                     raise
-                base = other  # a replica a rescan behind its peer: ask the peer too
+                if (other := self.origins.other_than(stale)) is not None:
+                    base = other
+                    continue
+                if self.origins.all_reachable():
+                    raise
+                stale.clear()
+                await trio.sleep(min(random.uniform(0, delay),
+                                     deadline - time.monotonic() - _MIN_ATTEMPT_S))
+                delay = min(delay * 2, _BACKOFF_MAX_S)
+                base = self.origins.current()
                 continue
             else:
                 metrics.HUB_SECONDS.labels(kind=kind).observe(time.monotonic() - started)

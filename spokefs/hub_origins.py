@@ -12,7 +12,9 @@ each request, and reports how it went:
 - ``worked(url)``: an answer came. A hub marked unreachable is marked reachable again.
 - ``other_than(tried)``: a hub for one request to try after ``tried`` answered "no such
   version" (404/412): a replica one rescan behind its peer has not listed a new file yet,
-  so one replica's "gone" is not final while another has not been asked.
+  so one replica's "gone" is not final while another has not been asked; nor while
+  another is unreachable (``all_reachable``): the request then waits and asks again,
+  within its deadline, as for an outage.
 
 ``watch_preferred`` runs in the mount's nursery: while the current hub is not the
 preferred one it probes the preferred one's ``/healthz`` every ``probe_interval_s`` and
@@ -74,6 +76,10 @@ class HubOrigins:
 
     def reachable(self, url: str) -> bool:
         return url not in self._down
+
+    def all_reachable(self) -> bool:
+        """Whether no hub's last request failed."""
+        return not self._down
 
     def failed(self, url: str, why: str) -> None:
         """A request to ``url`` failed for a reason another hub may not have."""

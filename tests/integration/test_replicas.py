@@ -7,6 +7,9 @@
   second pass fetches nothing). Then A is restarted and the spoke must move back to it.
 - ``test_both_hubs_down_then_back``: cached reads are served with both hubs dead, an
   uncached read fails with EIO after the deadline, and reads recover when one hub returns.
+- ``test_a_replica_one_rescan_behind``: the spoke has a generation B has not reached when
+  A dies: it keeps it, B serves the changed file from disk, a new file waits for B's
+  rescan rather than failing.
 
 Bounds, not speeds; the failover gap is measured in ``benchmarks/bench_replicas.py``.
 """
@@ -17,6 +20,7 @@ import errno
 import hashlib
 import os
 import random
+import signal
 import threading
 import time
 import urllib.request
@@ -28,7 +32,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import HubFactory, MountFactory
-from tests.helpers.procs import HubProcess, free_port
+from tests.helpers.procs import HubProcess, free_port, run_spokefs
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow]
 
@@ -240,3 +244,55 @@ def test_both_hubs_down_then_back(tmp_path: Path, hub_factory: HubFactory,
     rest = Epoch(spoke.mnt, sums, uncached)
     rest.run()
     assert (rest.failed, rest.wrong) == ([], [])
+
+
+def _sighup_and_wait(hub: HubProcess) -> None:
+    """Rescan now (SIGHUP) and wait for the scan's log line."""
+    done = hub.stderr().count("rescanned ")
+    hub.proc.send_signal(signal.SIGHUP)
+    _wait_for("a rescan", lambda: hub.stderr().count("rescanned ") > done, hub.stderr)
+
+
+def test_a_replica_one_rescan_behind(tmp_path: Path, hub_factory: HubFactory,
+                                     mount_factory: MountFactory) -> None:
+    """A rescanned after a change, B not yet; the spoke took A's generation; A dies.
+
+    The spoke keeps A's namespace (B is behind it), reads the changed file from B (the
+    version is on B's disk), and a file B does not list yet waits for B's rescan instead
+    of failing; afterwards it goes on against B without a snapshot."""
+    export = tmp_path / "export"
+    sums = _make_export(export, 8, seed=13)
+    a = hub_factory(root=export, args=("--rescan-interval", "0"))
+    b = hub_factory(root=export, args=("--rescan-interval", "0"))
+    spoke = mount_factory(f"{a.url},{b.url}", "--hub-deadline", "20",
+                          "--refresh-interval", "0", "--no-prefetch")
+    names = sorted(sums)
+    warm = Epoch(spoke.mnt, sums, names)
+    warm.run()
+    assert (warm.failed, warm.wrong) == ([], [])
+
+    changed, new = names[0], "shard0/new.bin"
+    with open(export / changed, "ab") as f:
+        f.write(b"appended")
+    sums[changed] = hashlib.sha256((export / changed).read_bytes()).hexdigest()
+    (export / new).write_bytes(os.urandom(300 * KiB))
+    sums[new] = hashlib.sha256((export / new).read_bytes()).hexdigest()
+    _sighup_and_wait(a)
+    ahead = run_spokefs("refresh", str(spoke.mnt))
+    assert ahead.returncode == 0, ahead.stderr
+    a.proc.kill()
+    a.proc.wait(timeout=10)
+
+    behind = run_spokefs("refresh", str(spoke.mnt))  # B answers 400: keep our namespace
+    assert behind.returncode == 0 and behind.stdout == ahead.stdout, (behind, ahead)
+    assert "keeping generation" in spoke.stderr()
+    assert hashlib.sha256(_read_file(spoke.mnt / changed)).hexdigest() == sums[changed]
+
+    threading.Timer(1.0, b.proc.send_signal, (signal.SIGHUP,)).start()  # B catches up later
+    started = time.monotonic()
+    assert hashlib.sha256(_read_file(spoke.mnt / new)).hexdigest() == sums[new]
+    assert time.monotonic() - started >= 0.9  # it waited for B's rescan, and did not fail
+    _wait_for("B's rescan", lambda: "rescanned " in b.stderr(), b.stderr)
+    after = run_spokefs("refresh", str(spoke.mnt))
+    assert after.returncode == 0 and after.stdout == ahead.stdout  # B: the same generation
+    assert spoke.stderr().count("snapshot loaded") == 1
