@@ -14,7 +14,8 @@ machine's network would: new connections are accepted and then closed). Measured
   over, i.e. everything was cached before the kill;
 - **failed reads** and **wrong bytes** (every byte compared with the source);
 - **lost cache**: a second pass over the whole epoch after it ends: blocks fetched again
-  (``spokefs_block_misses_total``) and bytes down both links (at the emulators); the
+  (``spokefs_block_misses_total``) and bytes down both links (at the emulators; the epoch
+  itself is shown per link, A before the kill and B after, next to the epoch's size); the
   namespace must also go on without a snapshot (``snapshot loaded`` once in the spoke's log);
 - **back**: hub A restarted on its port; seconds until the spoke uses it again
   (``spokefs_hub_origin``).
@@ -192,6 +193,7 @@ def one_run(args: argparse.Namespace, work: Path, src: Path, names: list[str], r
             killed.append(time.monotonic())
             hub_a.popen.kill()
 
+        links_start = [link_counters(link_a), link_counters(link_b, fresh=False)]
         epoch = Epoch(mount.path, src, order, args.readers)
         epoch.run(int(len(order) * args.kill_at), kill_a)
         hub_a.wait(10)
@@ -208,6 +210,8 @@ def one_run(args: argparse.Namespace, work: Path, src: Path, names: list[str], r
         links_after = [link_counters(link_a), link_counters(link_b, fresh=False)]
         link_down = sum(a.minus(b).bytes_down for a, b in zip(links_after, links_before,
                                                                   strict=True))
+        epoch_down = [a.minus(b).bytes_down for a, b in zip(links_before, links_start,
+                                                             strict=True)]
         metrics = scrape(mount.metrics_url)
         failovers = metrics.get('spokefs_hub_failovers_total{reason="failed"}', 0.0)
 
@@ -232,6 +236,8 @@ def one_run(args: argparse.Namespace, work: Path, src: Path, names: list[str], r
         "stall_s": max(around) if around and failovers else None,
         "reads_around_kill": len(around),
         "refetched_blocks": misses_after - misses_before, "second_pass_link_bytes": link_down,
+        "epoch_link_bytes_a": epoch_down[0], "epoch_link_bytes_b": epoch_down[1],
+        "epoch_file_bytes": sum((src / rel).stat().st_size for rel in order),
         "failovers": failovers, "back_s": back_s,
         "snapshots_after_mount": snapshots - 1,
     }
@@ -259,7 +265,8 @@ def main() -> None:
         runs.append(one_run(args, work, src, names, run, deadline))
         print(f"run {run}: {runs[-1]}", flush=True)
     keys = ("stall_s", "read_p50_before_s", "read_max_before_s", "failed", "wrong_bytes",
-            "refetched_blocks", "second_pass_link_bytes", "failovers", "back_s",
+            "refetched_blocks", "second_pass_link_bytes", "epoch_link_bytes_a",
+            "epoch_link_bytes_b", "epoch_file_bytes", "failovers", "back_s",
             "snapshots_after_mount")
     figures = {k: Figure() for k in keys}
     for r in runs:

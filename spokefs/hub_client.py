@@ -371,24 +371,9 @@ class HubClient:
                     raise HubUnavailable(f"hub {base}: {untrusted}") from _Retry(
                         "tls", untrusted)
                 failure = exc if isinstance(exc, _Retry) else _Retry(type(exc).__name__, str(exc))
-            except StaleExport:
-                # a replica a rescan behind its peer may not list a new file yet: ask the
-                # others; if every reachable hub says so but one is away, that one (or
-                # these, after their next rescan) may list it: wait, as for an outage
-                self.origins.worked(base)
+            except StaleExport as exc:
                 stale.add(base)
-                if deadline - time.monotonic() <= _MIN_ATTEMPT_S:
-                    raise
-                if (other := self.origins.other_than(stale)) is not None:
-                    base = other
-                    continue
-                if self.origins.all_reachable():
-                    raise
-                stale.clear()
-                await trio.sleep(min(random.uniform(0, delay),
-                                     deadline - time.monotonic() - _MIN_ATTEMPT_S))
-                delay = min(delay * 2, _BACKOFF_MAX_S)
-                base = self.origins.current()
+                base, delay = await self._after_stale(exc, base, stale, deadline, delay)
                 continue
             else:
                 metrics.HUB_SECONDS.labels(kind=kind).observe(time.monotonic() - started)
@@ -412,6 +397,27 @@ class HubClient:
             await trio.sleep(pause)
             delay = min(delay * 2, _BACKOFF_MAX_S)
             base = self.origins.current()
+
+    async def _after_stale(self, exc: StaleExport, base: str, stale: set[str],
+                           deadline: float, delay: float) -> tuple[str, float]:
+        """The hub to ask next (and the backoff) after ``base`` answered 404/412 (``exc``);
+        raises ``exc`` when that answer is final.
+
+        A replica a rescan behind its peer may not list a new file yet: ask the others. If
+        every reachable hub says so but one is unreachable, that one (or these, after their
+        next rescan) may list it: wait and ask again, as for an outage, until the deadline.
+        """
+        self.origins.worked(base)
+        if deadline - time.monotonic() <= _MIN_ATTEMPT_S:
+            raise exc
+        if (other := self.origins.other_than(stale)) is not None:
+            return other, delay
+        if self.origins.all_reachable():
+            raise exc
+        stale.clear()
+        await trio.sleep(min(random.uniform(0, delay),
+                             deadline - time.monotonic() - _MIN_ATTEMPT_S))
+        return self.origins.current(), min(delay * 2, _BACKOFF_MAX_S)
 
 
 def _decoded(
