@@ -2,7 +2,7 @@
 """Eviction under training-like access: the real ``BlockCache`` against plain LRU, same traces.
 
 In-process, no FUSE, no hub: a trace of chunk reads (64 KiB, the cache's storage unit) is
-replayed against ``spokefs.block_cache.BlockCache`` in a temporary directory (real LMDB, real
+replayed against ``spokefs.cache.block_cache.BlockCache`` in a temporary directory (real LMDB, real
 transactions, the real policy) and against an LRU model of the same capacity in chunks. A
 read that finds all 16 blocks of its chunk is a hit; a miss is filled as the spoke's demand
 path does (``put_runs(..., ORIGIN_DEMAND)``), or, in the prefetch scenario, every file is
@@ -58,7 +58,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
-from spokefs.block_cache import ORIGIN_DEMAND, ORIGIN_PREFETCH, BlockCache  # noqa: E402
+from spokefs.cache.block_cache import ORIGIN_DEMAND, ORIGIN_PREFETCH, BlockCache  # noqa: E402
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE  # noqa: E402
 from spokefs.types import FileVersion  # noqa: E402
 

@@ -94,10 +94,11 @@ class Deadline:
 # -- processes ------------------------------------------------------------------------------
 
 
-def child_env() -> dict[str, str]:
-    """The environment for children: the repository importable, unbuffered output."""
+def child_env(src: Path = REPO) -> dict[str, str]:
+    """The environment for children: the checkout ``src`` (this repository unless a baseline
+    is being measured side by side) importable first, unbuffered output."""
     env = dict(os.environ)
-    parts = [str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    parts = [str(src)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(parts)
     env["PYTHONUNBUFFERED"] = "1"
     return env
@@ -106,14 +107,14 @@ def child_env() -> dict[str, str]:
 class Proc:
     """A child process whose stdout lines are collected by a thread; stderr goes to a log."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path) -> None:
+    def __init__(self, name: str, argv: list[str], log_path: Path, src: Path = REPO) -> None:
         self.name = name
         self.argv = argv
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log: IO[bytes] = log_path.open("wb")
         self.started = time.perf_counter()
-        self.popen = subprocess.Popen(argv, cwd=REPO, env=child_env(), stdout=subprocess.PIPE,
+        self.popen = subprocess.Popen(argv, cwd=src, env=child_env(src), stdout=subprocess.PIPE,
                                       stderr=self._log, stdin=subprocess.DEVNULL, text=True,
                                       errors="replace")
         self.stdout_lines: list[str] = []
@@ -321,15 +322,17 @@ def _mounted(mount: Mount) -> Iterator[Mount]:
 
 @contextlib.contextmanager
 def spoke_mount(url: str, mnt: Path, cache_dir: Path, log_path: Path, deadline: Deadline,
-                cache_size: str = "8G", extra_args: Sequence[str] = ()) -> Iterator[Mount]:
-    """A foreground ``spokefs mount URL MNT`` with /metrics on a free loopback port; always
-    unmounted at the end (``mount.result`` says whether cleanly and the exit code)."""
+                cache_size: str = "8G", extra_args: Sequence[str] = (),
+                src: Path = REPO) -> Iterator[Mount]:
+    """A foreground ``spokefs mount URL MNT`` (the code of checkout ``src``) with /metrics on
+    a free loopback port; always unmounted at the end (``mount.result`` says whether cleanly
+    and the exit code)."""
     mnt.mkdir(parents=True, exist_ok=True)
     port = free_port()
     argv = [sys.executable, "-m", "spokefs", "mount", url, str(mnt), "--cache-dir",
             str(cache_dir), "--cache-size", cache_size, "--metrics-port", str(port),
             "--metrics-addr", "127.0.0.1", *extra_args]
-    proc = Proc("spokefs", argv, log_path)
+    proc = Proc("spokefs", argv, log_path, src)
     try:
         proc.wait_line(SPOKE_READY_RE, deadline.timeout(300))
         wait_mounted(mnt, proc, deadline.timeout(10))

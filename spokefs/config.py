@@ -36,8 +36,9 @@ class PrefetchConfig:
         max_inflight_bytes: the bound on background bytes in flight (their RAM).
         small_file_bytes: files up to this size are fetched whole on first read (one
             round trip instead of one per kernel read) and are what directory fills fetch.
-        assumed_link_bytes_per_s: the link rate directory fills assume until they have
-            measured it (1 Gbit/s, the links this is built for; see ``dir_fill``).
+        assumed_link_bytes_per_s: the link rate that directory fills and new sequential
+            streams assume until it is measured (1 Gbit/s, the links this is built for; see
+            ``link_model.LinkReach``).
         warm_interval_s: how often the hub client touches its idle connections to keep them
             open (under hubd's 15 s keep-alive timeout).
         warm_connections: connections opened while the namespace downloads at mount (32 x

@@ -7,11 +7,17 @@ directories it has touched, in pack requests at the link's full rate, costs the 
 bytes once and leaves the readers mostly reading what has already arrived.
 
 - **Trigger.** The first read that misses in a directory (the read right after the
-  first open of a file that is not cached), or a readdir of it, queues the directory: the
-  first event is the cheapest moment to start (waiting for more opens only leaves the link
-  idle while readers miss). A first open whose read hits starts nothing: after a restart
-  on a warm cache, listing every directory a reader passes through and reading its files'
-  headers only competes with the reader. A directory is listed once; its small files (up
+  first open of a file that is not cached) queues the directory: the first miss is the
+  cheapest moment to start (waiting for more opens only leaves the link idle while readers
+  miss). A first open whose read hits starts nothing: after a restart on a warm cache,
+  listing every directory a reader passes through and reading its files' headers only
+  competes with the reader. A readdir queues its directory too while reads are missing
+  (within ``_READING_S`` of the last miss); otherwise it only *arms* it, and the next miss
+  anywhere queues the armed directories as siblings (below). So a DataLoader that lists
+  every class directory at start and then reads has them all filled from its first miss,
+  while ``find`` over a million entries, which reads no file, sets off no fill at all
+  (with fills it took five times as long: they listed and fetched every directory it
+  passed). A directory is listed once; its small files (up
   to ``small_file_bytes``) that are neither cached nor in flight join one FIFO queue.
 - **Siblings.** When a second subdirectory of one parent is touched, the parent's other
   subdirectories are filled too, behind every touched directory (a second queue). A
@@ -30,10 +36,10 @@ bytes once and leaves the readers mostly reading what has already arrived.
   A file already in a pack on its way is waited for, and is released to its reader the
   moment its own bytes have streamed in (``fetcher.prefetch_files``), not at the pack's end.
 - **Bytes in flight** follow the link: about twice its bandwidth-delay product, the peak
-  rate at which bytes arrive from the hub (``DeliveryMeter``) times the round trip (the
-  hub client's shortest recent wait for an answer), within ``[_MIN_INFLIGHT_BYTES,
+  rate at which bytes arrive from the hub times the round trip (the hub client's shortest
+  recent wait for an answer; ``link_model.LinkReach``), within ``[_MIN_INFLIGHT_BYTES,
   max_inflight_bytes]``. Until traffic has flowed for a few round trips the rate is taken
-  to be at least ``assumed_link_bps`` (1 Gbit/s): at 900 ms a fill that started from a
+  to be at least the assumed link rate (1 Gbit/s): at 900 ms a fill that started from a
   small window and doubled it every round trip would take seconds to fill the link, which
   is the whole cold epoch of a small dataset; on a slower link the extra bytes only queue
   for a moment. Packs are an eighth of that (at most ``request_bytes``), so several
@@ -66,7 +72,7 @@ import trio
 from spokefs import metrics
 from spokefs.errors import SpokeError
 from spokefs.fetcher import Fetcher
-from spokefs.link_model import DeliveryMeter, LinkModel
+from spokefs.link_model import LinkModel, LinkReach
 from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)
@@ -80,15 +86,20 @@ _MIN_PACK_BYTES = 256 << 10
 _PACK_FILES = 1024  # hubd's limit is 4096 per pack
 _MIN_WARM, _MAX_WARM = 4, 32  # 32 x a 4 MiB window per 900 ms carry ~150 MB/s
 _RECLAIM_SCAN = 256  # unread files checked for eviction when the budget is spent
+_READING_S = 30.0  # a readdir this soon after a read miss fills its directory at once
 _CACHED_STREAK = 4  # sibling directories found cached whole before siblings are left alone
 
 
 class DirLister(Protocol):
-    """What fills ask the namespace (``mount._DirLister``: in a worker thread)."""
+    """What fills (and the prefetcher's runs of shards) ask the namespace
+    (``mount._DirLister``: in a worker thread)."""
 
     async def files(self, dir_id: int) -> list[FileVersion]: ...
 
     async def siblings(self, dir_id: int) -> tuple[int, list[int]]: ...
+
+    async def next_file(self, dir_id: int, file_id: int,
+                        min_size: int) -> tuple[int, int, int] | None: ...
 
 
 @dataclass(slots=True)
@@ -111,7 +122,7 @@ class DirFiller:
         request_bytes: int,
         max_inflight_bytes: int,
         budget_bytes: int,
-        assumed_link_bps: float,
+        reach: LinkReach,
     ) -> None:
         self._fetcher = fetcher
         self._lister_ns = lister
@@ -120,8 +131,7 @@ class DirFiller:
         self._request_bytes = request_bytes
         self._max_inflight = max(max_inflight_bytes, _MIN_INFLIGHT_BYTES)
         self._budget = budget_bytes
-        self._assumed_bps = assumed_link_bps
-        self._meter = DeliveryMeter()
+        self._reach = reach
         self._dirs: OrderedDict[int, _Dir] = OrderedDict()
         self._dirs_tx, self._dirs_rx = trio.open_memory_channel[int](_QUEUED_DIRS)
         self._queue: deque[tuple[FileVersion, int]] = deque()  # (file, its directory)
@@ -136,11 +146,24 @@ class DirFiller:
         self._opened_early: set[tuple[int, int]] = set()  # opened while on their way
         self._inflight_bytes = 0
         self._changed = trio.Event()
+        self._armed: OrderedDict[int, None] = OrderedDict()  # listed, no read missed since
+        self._last_miss = -_READING_S
 
     # -- hints (synchronous) ----------------------------------------------------------
 
+    def on_readdir(self, dir_id: int) -> None:
+        """A readdir: fill the directory now if readers have been missing lately, else arm
+        it (see "Trigger" in the module docstring)."""
+        if time.monotonic() - self._last_miss < _READING_S:
+            self.on_dir(dir_id)
+        elif dir_id not in self._dirs:
+            self._armed[dir_id] = None
+            if len(self._armed) > _TRACKED_DIRS:
+                self._armed.popitem(last=False)
+
     def on_dir(self, dir_id: int) -> None:
-        """A readdir of the directory or an open in it: fill it if that has not begun."""
+        """An open in the directory (or a readdir while readers miss): fill it if that has
+        not begun."""
         state = self._dirs.get(dir_id)
         if state is not None:
             self._dirs.move_to_end(dir_id)
@@ -166,7 +189,12 @@ class DirFiller:
 
     def on_miss(self, fv: FileVersion, parent_id: int) -> None:
         """A read missed: fill the file's directory, or fill it again if its fill is over
-        (its files were evicted since)."""
+        (its files were evicted since); directories listed before go behind it."""
+        self._last_miss = time.monotonic()
+        if self._armed:
+            self._siblings.extend(self._armed)
+            self._armed.clear()
+            self._changed.set()
         state = self._dirs.get(parent_id)
         if state is None or not state.touched:
             self.on_dir(parent_id)
@@ -242,14 +270,10 @@ class DirFiller:
 
     def _target_inflight(self) -> int:
         """About twice the bandwidth-delay product (see the module docstring)."""
-        self._meter.sample(self._fetcher.received_bytes())
-        rtt = self._fetcher.rtt_s()
-        if rtt is None:
+        bdp = self._reach.bdp_bytes()
+        if bdp is None:
             return _INITIAL_INFLIGHT_BYTES
-        rate = self._meter.peak_bps
-        if not self._meter.settled(rtt):
-            rate = max(rate, self._assumed_bps)
-        return int(min(self._max_inflight, max(_MIN_INFLIGHT_BYTES, 2 * rate * rtt)))
+        return min(self._max_inflight, max(_MIN_INFLIGHT_BYTES, 2 * bdp))
 
     def _pack_bytes(self, target: int) -> int:
         return max(_MIN_PACK_BYTES, min(self._request_bytes, target // 8))

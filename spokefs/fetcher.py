@@ -30,7 +30,7 @@ import trio
 
 from hubd import wire
 from spokefs import metrics
-from spokefs.block_cache import ORIGIN_DEMAND, ORIGIN_PREFETCH, ORIGIN_WARM, BlockCache
+from spokefs.cache.block_cache import ORIGIN_DEMAND, ORIGIN_PREFETCH, ORIGIN_WARM, BlockCache
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
 from spokefs.errors import single_spoke_error
 from spokefs.hub_client import HubClient

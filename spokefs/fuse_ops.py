@@ -22,8 +22,7 @@ from spokefs.errors import NotADir, ReadOnly, fuse_errors
 from spokefs.inode_streams import InodeStreams
 from spokefs.namespace import Attr, Namespace
 from spokefs.page_cache import PageCachePolicy
-from spokefs.prefetcher import Stream
-from spokefs.reader import Reader
+from spokefs.reader import Reader, Stream
 from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)

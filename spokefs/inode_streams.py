@@ -27,8 +27,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from spokefs.namespace import Namespace
-from spokefs.prefetcher import Stream
-from spokefs.reader import Reader
+from spokefs.reader import Reader, Stream
 from spokefs.types import FileVersion
 
 _TRACKED = 4096

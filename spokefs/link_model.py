@@ -28,6 +28,7 @@ import math
 import statistics
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 _BETTER = 1.05
@@ -99,6 +100,12 @@ class LinkModel:
             self._hold = 0
             self.limit = self._clamp(math.ceil(self._best_limit * _GROW))
 
+    def set_floor(self, n: int) -> None:
+        """Never allow fewer than ``n`` requests (within ``max_requests``) from now on."""
+        self.min_requests = min(n, self.max_requests)
+        self.limit = self._clamp(self.limit)
+        self._best_limit = self._clamp(self._best_limit)
+
     def _clamp(self, n: int) -> int:
         return max(self.min_requests, min(self.max_requests, n))
 
@@ -138,3 +145,36 @@ class DeliveryMeter:
             return False
         now = time.monotonic() if now is None else now
         return now - self._first_t >= 3 * rtt_s + 1.0
+
+
+class LinkReach:
+    """The far link's bandwidth-delay product: how many bytes must be on their way to keep
+    it full. The rate is the peak at which hub bytes arrive (``DeliveryMeter``, all
+    requests); the delay is the hub client's shortest recent wait for an answer. Until
+    traffic has flowed for a few round trips the rate is taken to be at least
+    ``assumed_bps``: a window that started small and doubled every round trip would take
+    seconds to fill a 900 ms link.
+
+    Args:
+        received: the running total of bytes received from the hub.
+        rtt_s: the current round-trip estimate, None before the first answer.
+        assumed_bps: the rate assumed before it is measured.
+    """
+
+    def __init__(self, received: Callable[[], int], rtt_s: Callable[[], float | None],
+                 assumed_bps: float) -> None:
+        self._received = received
+        self._rtt_s = rtt_s
+        self._assumed_bps = assumed_bps
+        self._meter = DeliveryMeter()
+
+    def bdp_bytes(self, now: float | None = None) -> int | None:
+        """Rate x round trip, in bytes; None while no answer has come (no round trip yet)."""
+        self._meter.sample(self._received(), now)
+        rtt = self._rtt_s()
+        if rtt is None:
+            return None
+        rate = self._meter.peak_bps
+        if not self._meter.settled(rtt, now):
+            rate = max(rate, self._assumed_bps)
+        return int(rate * rtt)

@@ -90,3 +90,11 @@ PREFETCH_ERRORS = Counter("spokefs_prefetch_errors_total", "Background fetches t
 PREFETCH_INFLIGHT_LIMIT = Gauge(
     "spokefs_prefetch_inflight_requests_limit", "Background requests allowed in flight now"
 )
+LINK_BDP = Gauge(
+    "spokefs_link_bdp_bytes",
+    "The far link's bandwidth-delay product as measured (peak delivery rate x round trip)",
+)
+PREFETCH_SPILL_LIMIT = Gauge(
+    "spokefs_prefetch_spill_limit_bytes",
+    "Most bytes read ahead past the end of the file a sequential reader is in (next shards)",
+)

@@ -27,7 +27,7 @@ import trio
 from prometheus_client import start_http_server
 
 from spokefs import cachedir
-from spokefs.block_cache import BlockCache
+from spokefs.cache.block_cache import BlockCache
 from spokefs.config import SpokeConfig
 from spokefs.control import Control
 from spokefs.errors import UserError
@@ -89,6 +89,10 @@ class _DirLister:
     async def files(self, dir_id: int) -> list[FileVersion]:
         rows = await trio.to_thread.run_sync(self._ns.dir_files, dir_id)
         return list(dict.fromkeys(FileVersion(*row) for row in rows))  # hard links once
+
+    async def next_file(self, dir_id: int, file_id: int,
+                        min_size: int) -> tuple[int, int, int] | None:
+        return await trio.to_thread.run_sync(self._ns.next_file, dir_id, file_id, min_size)
 
     async def siblings(self, dir_id: int) -> tuple[int, list[int]]:
         parent = self._ns.parent_of(dir_id)  # one small get: inline
@@ -165,7 +169,7 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
                     await nursery.start(origins.watch_preferred, hub.probe)
                 if prefetcher is not None:
                     await nursery.start(prefetcher.run)
-                    nursery.start_soon(hub.keep_warm, prefetcher.dirs.warm_connections,
+                    nursery.start_soon(hub.keep_warm, prefetcher.warm_connections,
                                        cfg.prefetch.warm_interval_s)
                 await pyfuse3.main(min_tasks=2, max_tasks=cfg.fuse_max_tasks)
                 with trio.move_on_after(_FLUSH_AT_EXIT_S):

@@ -485,6 +485,35 @@ class Namespace:
         return [(fid, version, size) for fid, mode, size, version in self._children(dir_id)
                 if mode & 0o170000 == stat.S_IFREG]
 
+    def next_file(self, dir_id: int, file_id: int, min_size: int) -> tuple[int, int, int] | None:
+        """``(file_id, version, size)`` of the first regular file of at least ``min_size``
+        bytes after ``file_id``'s name in a directory, in name (byte) order; None if there is
+        none or ``file_id`` is not in it. Shards are read in name order, so this is the file a
+        reader nearing the end of ``file_id`` reads next.
+
+        Blocking for a large directory (a walk of its names): callers run it in a thread.
+        """
+        prefix = _ID.pack(dir_id)
+        with self._env.begin() as txn:
+            cur = txn.cursor(db=self._dent)
+            if not cur.set_range(prefix):
+                return None
+            seen = False
+            for key, value in cur:
+                if key[:8] != prefix:
+                    break
+                child = _ID.unpack_from(value)[0]
+                if not seen:
+                    seen = child == file_id
+                    continue
+                raw = txn.get(value[:8], db=self._attr)
+                if raw is None:
+                    continue
+                mode, size, _, _, version, _ = _ATTR.unpack_from(raw)
+                if mode & 0o170000 == stat.S_IFREG and size >= min_size and child != file_id:
+                    return child, version, size
+        return None
+
     def subdirs(self, dir_id: int) -> list[int]:
         """Ids of the subdirectories of a directory (by file id). Blocking for a large
         directory: callers run it in a thread."""

@@ -3,18 +3,32 @@
 Three triggers, all filling the block cache (no private RAM queue; the RAM used is the
 responses in flight, at most ``max_inflight_bytes``):
 
-1. **Sequential streams.** Each open handle is a ``Stream``. A read that starts within
-   ``_SEQ_SLACK`` of where the last one ended counts as sequential (the kernel's own
-   read-ahead sends reads slightly out of order); after two in a row the window opens at
-   ``window_initial_bytes`` and doubles on every further sequential read up to
-   ``window_max_bytes``. The range ahead of the reader up to the window is queued as jobs of
-   ``request_bytes``. A read elsewhere (random access) closes the window at once, and jobs
-   queued before that are dropped unfetched (``Stream.epoch``), so a random reader never
-   moves bytes it did not ask for.
-2. **Small files** (up to ``small_file_bytes``) are fetched whole on first read by the reader
+1. **Sequential streams.** Each open handle (or inode) is a ``reader.Stream``. A read that
+   starts within ``_SEQ_SLACK`` of where the last one ended counts as sequential (the
+   kernel's own read-ahead sends reads slightly out of order); after two in a row the window
+   opens at what the link already showed it needs, its bandwidth-delay product
+   (``link_model.LinkReach``; ``window_initial_bytes`` before any answer came), and doubles
+   on every further sequential read up to ``window_max_bytes``. The range ahead of the
+   reader up to the window is queued as jobs of ``request_bytes``. A read elsewhere (random
+   access) closes the window at once, and jobs queued before that are dropped unfetched
+   (``Stream.epoch``), so a random reader never moves bytes it did not ask for.
+2. **Runs of shards.** Shards (WebDataset tars, record files) are read one after another in
+   name order. When a stream's window reaches past its end of file, the rest of the window
+   goes to the next file in name order in the same directory (at least ``small_file_bytes``
+   large; ``Namespace.next_file``), and on to the one after if that is shorter, through a
+   *successor* stream that the reader adopts when it opens that file: the window carries
+   over, so a new shard starts at full speed instead of ramping again. What is read ahead
+   past the end of the reader's file is at most twice the link's bandwidth-delay product
+   (``spill_bytes``: what keeps the link full across the file's end; 15 MB at 60 ms and
+   1 Gbit/s), and never more than the window, so a reader that stops at the end of a file
+   leaves at most that much (plus one request) fetched and unread. A read
+   elsewhere in the file cuts the successors off (their queued jobs are dropped), and
+   successors nobody opened are forgotten after ``_AHEAD_KEPT`` newer ones.
+3. **Small files** (up to ``small_file_bytes``) are fetched whole on first read by the reader
    itself; that is a demand fetch, not a prefetch.
-3. **Directories.** The first open in a directory, or a readdir of it, starts a fill of its
-   small files in pack requests (``dir_fill``), within a budget of half the cache.
+4. **Directories.** The first read miss in a directory (or a readdir of it while reads
+   miss) starts a fill of its small files in pack requests (``dir_fill``), within a budget
+   of half the cache.
 
 Priority: demand reads never wait for a prefetch slot (they go to the hub directly, see
 ``fetcher``). Stream jobs share one limiter whose size ``LinkModel`` finds by measuring the
@@ -30,6 +44,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable
 from dataclasses import dataclass
 
@@ -40,7 +55,8 @@ from spokefs.config import CHUNK_SIZE, PrefetchConfig
 from spokefs.dir_fill import DirFiller, DirLister
 from spokefs.errors import SpokeError, single_spoke_error
 from spokefs.fetcher import Fetcher
-from spokefs.link_model import LinkModel
+from spokefs.link_model import LinkModel, LinkReach
+from spokefs.reader import Stream
 from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)
@@ -48,20 +64,9 @@ log = logging.getLogger(__name__)
 _SEQ_SLACK = 2 << 20  # how far out of order the kernel's own read-ahead sends reads
 _QUEUED_JOBS = 4096
 _CONTROL_INTERVAL_S = 0.25
-
-
-@dataclass(slots=True)
-class Stream:
-    """Access-pattern state of one open handle."""
-
-    fv: FileVersion
-    parent_id: int
-    next_offset: int = 0
-    sequential: int = 0
-    window: int = 0
-    issued_to: int = 0
-    epoch: int = 0  # bumped on random access or close: queued jobs of older epochs are dropped
-    closed: bool = False
+_MAX_WARM = 64  # connections kept open for stream requests
+_AHEAD_KEPT = 64  # successor streams not opened yet
+_QUEUED_LOOKUPS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,13 +91,20 @@ class Prefetcher:
         self._cfg = cfg
         self._jobs_tx, self._jobs_rx = trio.open_memory_channel[_Job](_QUEUED_JOBS)
         max_requests = max(1, cfg.max_inflight_bytes // cfg.request_bytes)
-        self.model = LinkModel(min(8, max_requests), max_requests, min(16, max_requests))
+        self._min_requests = min(8, max_requests)
+        self.model = LinkModel(self._min_requests, max_requests, min(16, max_requests))
         self._limiter = trio.CapacityLimiter(self.model.limit)
+        self.reach = LinkReach(fetcher.received_bytes, fetcher.rtt_s,
+                               cfg.assumed_link_bytes_per_s)
+        self._lister = lister
         self.dirs = DirFiller(
             fetcher, lister, self.model, small_file_bytes=cfg.small_file_bytes,
             request_bytes=cfg.request_bytes, max_inflight_bytes=cfg.max_inflight_bytes,
-            budget_bytes=cache_max_bytes // 2, assumed_link_bps=cfg.assumed_link_bytes_per_s,
+            budget_bytes=cache_max_bytes // 2, reach=self.reach,
         )
+        self._ahead: OrderedDict[FileVersion, Stream] = OrderedDict()  # successors unopened
+        self._lookups_tx, self._lookups_rx = trio.open_memory_channel[tuple[Stream, int]](
+            _QUEUED_LOOKUPS)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -100,22 +112,27 @@ class Prefetcher:
                 nursery.start_soon(self._stream_worker, self._jobs_rx.clone())
             await nursery.start(self.dirs.run)
             nursery.start_soon(self._control)
+            nursery.start_soon(self._find_successors)
             task_status.started()
 
     # -- hints from the read path (synchronous) -------------------------------------
 
     def on_open(self, fv: FileVersion, parent_id: int) -> Stream:
         self.dirs.on_open(fv, parent_id)
+        ahead = self._ahead.pop(fv, None)
+        if ahead is not None and not ahead.closed:
+            return ahead  # the next shard of a run: read ahead already, window carried over
         return Stream(fv, parent_id)
 
     def on_readdir(self, dir_id: int) -> None:
-        self.dirs.on_dir(dir_id)
+        self.dirs.on_readdir(dir_id)
 
     def on_miss(self, stream: Stream) -> None:
         """A read of the stream missed the cache."""
         self.dirs.on_miss(stream.fv, stream.parent_id)
 
     def on_close(self, stream: Stream) -> None:
+        # its successor stays: closing one shard and opening the next is how a run goes on
         stream.closed = True
         stream.epoch += 1
 
@@ -130,21 +147,84 @@ class Prefetcher:
             stream.sequential = stream.window = stream.issued_to = 0
             stream.epoch += 1
             stream.next_offset = end
+            self._cut(stream.successor)
+            stream.successor = None
         if stream.sequential < 2 or stream.fv.size <= self._cfg.small_file_bytes:
             return
         cfg = self._cfg
-        stream.window = min(max(stream.window * 2, cfg.window_initial_bytes), cfg.window_max_bytes)
-        target = min(end + stream.window, stream.fv.size)
+        stream.window = min(max(stream.window * 2, self.seed_window()), cfg.window_max_bytes)
+        self._issue(stream, end, end + stream.window)
+
+    def seed_window(self) -> int:
+        """A new sequential stream's window: the link's bandwidth-delay product as measured
+        so far, within ``[window_initial_bytes, window_max_bytes]``."""
+        cfg = self._cfg
+        bdp = self.reach.bdp_bytes()
+        return cfg.window_initial_bytes if bdp is None else \
+            min(max(bdp, cfg.window_initial_bytes), cfg.window_max_bytes)
+
+    def spill_bytes(self) -> int:
+        """At most this much is read ahead past the end of the file a reader is in: twice
+        the bandwidth-delay product keeps the link full across the file's end, and more
+        would only be lost if the reader does not go on to the next file."""
+        return min(2 * self.seed_window(), self._cfg.window_max_bytes)
+
+    def _issue(self, stream: Stream, end: int, target: int) -> None:
+        """Queue jobs for ``[max(issued_to, end), target)`` of the stream; what lies past
+        its end of file goes to its successor."""
+        cfg = self._cfg
+        size = stream.fv.size
         start = max(stream.issued_to, end)
+        stop = min(target, size)
         # issue in whole requests (or up to EOF) so the link sees few, large ranges
-        if target - start < min(cfg.request_bytes, stream.window // 2) and target < stream.fv.size:
+        if stop - start >= min(cfg.request_bytes, max(stream.window, 1) // 2) or stop == size:
+            for job_start in range(start - start % CHUNK_SIZE, stop, cfg.request_bytes):
+                job_end = min(job_start + cfg.request_bytes, stop)
+                if not self._send(self._jobs_tx, _Job(stream, stream.epoch, job_start, job_end)):
+                    stop = job_start
+                    break
+            stream.issued_to = max(stream.issued_to, stop)
+        if target > size and stream.issued_to >= size:
+            self._spill(stream, min(target - size, self.spill_bytes()))
+
+    def _spill(self, stream: Stream, nbytes: int) -> None:
+        """Read ``nbytes`` ahead into the file after the stream's (found in a worker)."""
+        succ = stream.successor
+        if succ is None:
+            if not stream.seeking:
+                stream.seeking = self._send(self._lookups_tx, (stream, stream.epoch))
             return
-        for job_start in range(start - start % CHUNK_SIZE, target, cfg.request_bytes):
-            job_end = min(job_start + cfg.request_bytes, target)
-            if not self._send(self._jobs_tx, _Job(stream, stream.epoch, job_start, job_end)):
-                target = job_start
-                break
-        stream.issued_to = max(stream.issued_to, target)
+        if succ.next_offset == 0 and not succ.closed:  # not read by its own reader yet
+            succ.window = max(succ.window, stream.window)
+            self._issue(succ, 0, nbytes)
+
+    def _cut(self, succ: Stream | None) -> None:
+        """Stop reading ahead into a chain of successor streams (their jobs are dropped)."""
+        while succ is not None:
+            if succ.next_offset == 0:  # its own reader never came: forget it
+                succ.closed = True
+                succ.epoch += 1
+                self._ahead.pop(succ.fv, None)
+            succ = succ.successor
+
+    async def _find_successors(self) -> None:
+        async for stream, epoch in self._lookups_rx:
+            try:
+                row = await self._lister.next_file(stream.parent_id, stream.fv.file_id,
+                                                   self._cfg.small_file_bytes + 1)
+            finally:
+                stream.seeking = False
+            if row is None or stream.epoch != epoch or stream.successor is not None:
+                continue
+            fv = FileVersion(*row)
+            succ = self._ahead.get(fv) or Stream(fv, stream.parent_id, sequential=2)
+            stream.successor = succ
+            self._ahead[fv] = succ
+            self._ahead.move_to_end(fv)
+            while len(self._ahead) > _AHEAD_KEPT:
+                _, old = self._ahead.popitem(last=False)
+                self._cut(old)
+            self._spill(stream, stream.next_offset + stream.window - stream.fv.size)
 
     @staticmethod
     def _send(tx: trio.MemorySendChannel, item: object) -> bool:
@@ -198,6 +278,20 @@ class Prefetcher:
         if nbytes:
             self.model.record(nbytes, time.monotonic() - started)
 
+    def _floor_requests(self) -> int:
+        """Stream requests always allowed in flight: twice the link's bandwidth-delay product
+        (a probe that starts at 16 requests of ~4 MiB needs several seconds to find the 60
+        that a 900 ms, 1 Gbit/s link takes, and a run of shards would spend them at half
+        speed); the model probes above it."""
+        bdp = self.reach.bdp_bytes() or 0
+        need = -(-2 * bdp // self._cfg.request_bytes)
+        return max(self._min_requests, min(self.model.max_requests, need))
+
+    def warm_connections(self) -> int:
+        """Connections for the hub client to keep open: what directory fills need, or the
+        stream requests' floor if that is more."""
+        return max(self.dirs.warm_connections(), min(self._floor_requests(), _MAX_WARM))
+
     async def _control(self) -> None:
         """Size the background limiter to the link, a few times a second."""
         while True:
@@ -206,7 +300,10 @@ class Prefetcher:
                 self._limiter.statistics().tasks_waiting > 0
                 or self._jobs_rx.statistics().current_buffer_used > 0
             )
+            self.model.set_floor(self._floor_requests())
             est = self.model.update(waiting)
             if est.limit != self._limiter.total_tokens:
                 self._limiter.total_tokens = est.limit
             metrics.PREFETCH_INFLIGHT_LIMIT.set(est.limit)
+            metrics.LINK_BDP.set(self.reach.bdp_bytes() or 0)
+            metrics.PREFETCH_SPILL_LIMIT.set(self.spill_bytes())

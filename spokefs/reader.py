@@ -14,16 +14,51 @@ then fails does not start a whole new deadline for the read's own fetch.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 
 from spokefs import metrics
-from spokefs.block_cache import ORIGINS, CacheStats, ReadResult
+from spokefs.cache.block_cache import ORIGINS, CacheStats, ReadResult
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS
 from spokefs.errors import HubUnavailable
 from spokefs.fetcher import Fetcher
-from spokefs.prefetcher import Prefetcher, Stream
 from spokefs.types import FileVersion
+
+if TYPE_CHECKING:
+    from spokefs.prefetcher import Prefetcher
+
+
+@dataclass(slots=True, eq=False)
+class Stream:
+    """Access-pattern state of one open handle (or, with kernel opens, one inode), kept by
+    the prefetcher.
+
+    Attributes:
+        fv: the file version it reads.
+        parent_id: the directory it was opened in.
+        next_offset: where the last sequential read ended.
+        sequential: sequential reads in a row.
+        window: bytes read ahead of the reader.
+        issued_to: read-ahead queued up to here.
+        epoch: bumped on random access or close; queued jobs of older epochs are dropped.
+        closed: its handle was released (or it was cut off before its reader came).
+        successor: the next file in name order, read ahead into when the window passes
+            this file's end (``prefetcher``, "Runs of shards").
+        seeking: the successor is being looked up.
+    """
+
+    fv: FileVersion
+    parent_id: int
+    next_offset: int = 0
+    sequential: int = 0
+    window: int = 0
+    issued_to: int = 0
+    epoch: int = 0
+    closed: bool = False
+    successor: Stream | None = None
+    seeking: bool = False
 
 
 class Reader:

@@ -2,7 +2,7 @@
 the order of arrivals matters).
 
 What is checked is order and bytes, not speed: a fill starts at a directory's first read
-that misses (or readdir) and brings in the files nobody has read; a reader whose file is in a pack on its
+that misses (a readdir only arms it) and brings in the files nobody has read; a reader whose file is in a pack on its
 way gets it while the rest of the pack is still on the link; a directory whose files were
 evicted is filled again when a later pass misses one of them.
 """
@@ -77,7 +77,9 @@ def test_a_waiting_reader_gets_its_file_before_its_pack_ends(tmp_path, hub_facto
     # 2 Mbit/s: 250 kB/s, so a pack's 60th file lands seconds after its 3rd
     with LongLinkProcess((parts.hostname, parts.port), delay_ms=20, rate_mbit=2) as link:
         mnt = mount_factory(f"http://127.0.0.1:{link.port}").mnt
-        names = sorted(os.listdir(mnt / "d"))  # the readdir starts the fill, in this order
+        names = sorted(os.listdir(mnt / "d"))  # the fill goes in this order
+        with open(mnt / "d" / names[0], "rb") as f:  # a read misses: the fill starts
+            assert f.read(1) == (src / "d" / names[0]).read_bytes()[:1]
         wait_until(lambda: int(link.statistics()["bytes_down"]) > 0, 10, "the fill started")
         # both in the first pack: fills start from 2 x 1 Gbit/s x the round trip in flight,
         # an eighth of that (at least 1 MiB, 64 files of 16 KiB) per pack

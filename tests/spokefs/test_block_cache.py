@@ -12,22 +12,21 @@ from pathlib import Path
 import lmdb
 import pytest
 import trio
+from spoke_fakes import FakeHub
 
 from spokefs import metrics
-from spokefs.block_cache import (
+from spokefs.cache.block_cache import (
     ORIGIN_DEMAND,
     ORIGIN_PREFETCH,
     ORIGIN_WARM,
     BlockCache,
     CacheStats,
 )
-from spokefs.cache_layout import KEY, PROTECTED, ChunkHead
+from spokefs.cache.layout import KEY, PROTECTED, ChunkHead
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
 from spokefs.fetcher import Fetcher
 from spokefs.reader import Reader
 from spokefs.types import FileVersion
-
-from spoke_fakes import FakeHub
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,7 +48,7 @@ def recount(cache: BlockCache) -> CacheStats:
             if head.segment == PROTECTED:
                 pbytes += size
                 pchunks += 1
-        assert txn.stat(store._order)["entries"] == chunks  # one order record per chunk
+        assert txn.stat(store.order_db)["entries"] == chunks  # one order record per chunk
     return CacheStats(nbytes, cache.max_bytes, chunks, pbytes, pchunks)
 
 
@@ -220,7 +219,7 @@ async def test_a_full_map_evicts_and_retries(tmp_path, caplog):
     cache = BlockCache(tmp_path, 64 << 20, map_bytes=4 << 20)
     data = os.urandom(CHUNK_SIZE * 4)
     errors = metrics.CACHE_WRITE_ERRORS._value.get()
-    with caplog.at_level(logging.WARNING, logger="spokefs.block_cache"):
+    with caplog.at_level(logging.WARNING, logger="spokefs.cache.block_cache"):
         for fid in range(1, 40):  # 10 MiB through a 4 MiB map
             await cache.put_runs(fid, 1, [(0, data)])
             assert len(await cache.get_blocks(fid, 1, 0, 63, record=False)) == 64
@@ -455,7 +454,7 @@ _WRITER = textwrap.dedent("""
     import os, sys, trio
     from pathlib import Path
     sys.path.insert(0, sys.argv[2])
-    from spokefs.block_cache import BlockCache
+    from spokefs.cache.block_cache import BlockCache
     async def main():
         cache = BlockCache(Path(sys.argv[1]), 4 << 20)
         data = os.urandom(1 << 18)

@@ -13,7 +13,7 @@ from spoke_fakes import FakeHub
 
 from hubd import wire
 from hubd.wire import Entry
-from spokefs.block_cache import BlockCache
+from spokefs.cache.block_cache import BlockCache
 from spokefs.config import SpokeConfig
 from spokefs.fetcher import Fetcher
 from spokefs.fuse_ops import SpokeOps

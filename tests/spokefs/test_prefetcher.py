@@ -5,16 +5,15 @@ from __future__ import annotations
 import os
 
 import trio
+from spoke_fakes import FakeHub
 from trio.testing import wait_all_tasks_blocked
 
-from spokefs.block_cache import BlockCache
+from spokefs.cache.block_cache import BlockCache
 from spokefs.config import PrefetchConfig
 from spokefs.fetcher import Fetcher
 from spokefs.prefetcher import Prefetcher
-from spokefs.reader import Reader
+from spokefs.reader import Reader, Stream
 from spokefs.types import FileVersion
-
-from spoke_fakes import FakeHub
 
 MiB = 1 << 20
 CFG = PrefetchConfig(window_initial_bytes=512 << 10, window_max_bytes=16 * MiB,
@@ -32,6 +31,15 @@ def setup(tmp_path, files, dirs=None, delay_s=0.03):
 
         async def siblings(self, dir_id: int) -> tuple[int, list[int]]:
             return 0, []
+
+        async def next_file(self, dir_id: int, file_id: int,
+                            min_size: int) -> tuple[int, int, int] | None:
+            files = [f for f in (dirs or {}).get(dir_id, []) if f.size >= min_size]
+            ids = [f.file_id for f in files]
+            if file_id not in ids or ids.index(file_id) + 1 == len(ids):
+                return None
+            f = files[ids.index(file_id) + 1]
+            return f.file_id, f.version, f.size
 
     prefetcher = Prefetcher(fetcher, Lister(), CFG, 1 << 30)
     return hub, prefetcher, Reader(fetcher, prefetcher, CFG.small_file_bytes)
@@ -144,7 +152,7 @@ async def test_a_waiting_reader_gets_its_file_before_its_pack_ends(tmp_path):
     async with trio.open_nursery() as nursery:
         await nursery.start(pf.run)
         await nursery.start(reader._cache.run)
-        pf.on_readdir(7)  # a readdir starts the fill too
+        pf.on_miss(Stream(listing[-1], 7))  # a read of the last file missed: fill starts
         with trio.fail_after(5):
             while not hub.packs:
                 await trio.sleep(0.01)
@@ -166,7 +174,7 @@ async def test_an_evicted_directory_is_filled_again(tmp_path):
     async with trio.open_nursery() as nursery:
         await nursery.start(pf.run)
         await nursery.start(cache.run)
-        pf.on_readdir(7)
+        pf.on_miss(Stream(listing[-1], 7))
         with trio.fail_after(10):
             while not all(cache.has_file(fv) for fv in listing):
                 await trio.sleep(0.02)
@@ -198,4 +206,86 @@ async def test_a_directory_whose_first_read_hits_is_not_listed(tmp_path):
         assert await reader.read(s, 0, 4096) == files[(100, 1)][:4096]
         await trio.sleep(0.5)
         assert not hub.packs and not hub.calls  # a hit starts no fill
+        nursery.cancel_scope.cancel()
+
+
+def test_new_stream_window_starts_at_the_links_bandwidth_delay_product(tmp_path):
+    hub, pf, _ = setup(tmp_path, {})
+    hub.rtt_s = 0.05  # 1 Gbit/s assumed until measured: 6.25 MB in flight fill the link
+    s = pf.on_open(FileVersion(5, 1, 256 * MiB), 2)
+    pf.on_read(s, 0, MiB)
+    pf.on_read(s, MiB, MiB)
+    assert s.window == int(CFG.assumed_link_bytes_per_s * 0.05)  # no ramp from 512 KiB
+    hub.rtt_s = 0.9
+    t = pf.on_open(FileVersion(6, 1, 256 * MiB), 2)
+    pf.on_read(t, 0, MiB)
+    pf.on_read(t, MiB, MiB)
+    assert t.window == CFG.window_max_bytes  # at most the largest window
+
+
+async def test_a_run_of_shards_is_read_ahead_across_file_ends(tmp_path, autojump_clock):
+    shards = {(100 + i, 1): os.urandom(6 * MiB + 1000 * i) for i in range(4)}
+    listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in shards.items()]
+    hub, pf, reader = setup(tmp_path, shards, dirs={7: listing})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pf.run)
+        await nursery.start(reader._cache.run)
+        for fv in listing[:2]:  # a reader takes the first two shards in name order
+            s = reader.open(fv, 7)
+            if fv == listing[1]:
+                assert s.window and s.issued_to > 0  # the successor, read ahead already
+            for off in range(0, fv.size, MiB):
+                data = await reader.read(s, off, MiB)
+                assert data == shards[(fv.file_id, 1)][off : off + MiB]
+            reader.close(s)
+        await wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    moved = {fid: 0 for fid, _ in shards}
+    for fid, _, _, length in hub.calls:
+        moved[fid] += length
+    assert moved[100] == listing[0].size and moved[101] == listing[1].size  # once each
+    # the reader stopped after two shards: what was read ahead past them is the bound
+    overshoot = moved[102] + moved[103]
+    assert 0 < overshoot <= CFG.window_max_bytes + CFG.request_bytes
+
+
+async def test_a_jump_cuts_off_the_next_shard(tmp_path, autojump_clock):
+    shards = {(100 + i, 1): os.urandom(12 * MiB) for i in range(2)}
+    listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in shards.items()]
+    hub, pf, reader = setup(tmp_path, shards, dirs={7: listing})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pf.run)
+        s = reader.open(listing[0], 7)
+        for off in range(0, 10 * MiB, MiB):  # nears the end: the window spills over
+            pf.on_read(s, off, MiB)
+        await wait_all_tasks_blocked()
+        succ = s.successor
+        assert succ is not None and succ.fv == listing[1] and succ.issued_to > 0
+        pf.on_read(s, 0, 4096)  # the reader went back to the start
+        assert s.successor is None and succ.closed
+        assert pf.on_open(listing[1], 7) is not succ  # a fresh stream when it comes
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_readdir_arms_its_directory_and_the_next_miss_fills_it(tmp_path):
+    # find over a large tree reads no file: its readdirs must not set off fills
+    files = {(100 + i, 1): os.urandom(20_000 + i) for i in range(10)}
+    listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in files.items()]
+    other = FileVersion(999, 1, 5000)
+    files[(999, 1)] = os.urandom(5000)
+    hub, pf, reader = setup(tmp_path, files, dirs={7: listing, 8: [other]})
+    cache = reader._cache
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pf.run)
+        await nursery.start(cache.run)
+        pf.on_readdir(7)
+        await trio.sleep(1)
+        assert not hub.packs and not hub.calls  # armed, not filled
+        s = reader.open(other, 8)  # a reader misses elsewhere: armed directories go too
+        assert await reader.read(s, 0, other.size) == files[(999, 1)]
+        with trio.fail_after(10):
+            while not all(cache.has_file(fv) for fv in listing):
+                await trio.sleep(0.02)
+        pf.on_readdir(9)  # while reads miss, a readdir fills at once
+        assert 9 in pf.dirs._dirs
         nursery.cancel_scope.cancel()

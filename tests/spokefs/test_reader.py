@@ -5,15 +5,14 @@ import random
 
 import pytest
 import trio
+from spoke_fakes import FakeHub
 
-from spokefs.block_cache import BlockCache
+from spokefs.cache.block_cache import BlockCache
 from spokefs.config import BLOCK_SIZE
 from spokefs.errors import HubUnavailable
 from spokefs.fetcher import Fetcher
 from spokefs.reader import Reader
 from spokefs.types import FileVersion
-
-from spoke_fakes import FakeHub
 
 SMALL = 64 << 10
 

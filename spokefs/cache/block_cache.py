@@ -1,7 +1,7 @@
 """The block cache: 4 KiB blocks of ``(file_id, version)`` in an LMDB environment on local disk.
 
 Storage unit: a *chunk* of ``CHUNK_BLOCKS`` consecutive blocks of one file version (see
-``config.CHUNK_BLOCKS``), with a per-block presence map and xxh3 checksum; ``cache_layout``
+``config.CHUNK_BLOCKS``), with a per-block presence map and xxh3 checksum; ``cache.layout``
 has the databases and why the checksums and the data's last bytes live in a separate header
 (so 16 blocks take exactly 16 pages and a lone block one page). Keys carry the version, so a
 changed file gets new keys and old bytes are never mixed with new ones.
@@ -15,7 +15,7 @@ instead of 0.25 at 4x, ``benchmarks/bench_eviction.py``). What works is a *stabl
 cached chunk that this epoch has not read yet will be read soon, while the chunk just read will
 be read again only next epoch. So the victim is the chunk read most recently among those that
 showed no re-use. The unit of time is a *visit* (a read touching a chunk; the access clock
-in ``cache_policy`` counts them and remembers the last visit of cached and of evicted keys,
+in ``cache.policy`` counts them and remembers the last visit of cached and of evicted keys,
 in memory). Two segments, each with its order in the ``order`` db:
 
 - **probation** (every fill lands here, ordered by arrival); victims in this order:
@@ -67,7 +67,8 @@ read through LMDB with their checksums: 1,355 files/s through a thread, 3,551 in
 environment is opened with read-ahead, so a chunk's pages come in one disk read. Writes
 (fills, promotions, drops) run in a worker thread through a limiter of 1, by the writer task
 (see "Write-behind"); header-only scans of many files (``cached_bytes``, ``complete_files``)
-through a limiter of 8, and reads of bytes that are not in RAM (``read_on_disk``) too. Nothing is awaited while a transaction is open.
+through a limiter of 8, and reads of bytes that are not in RAM (``read_on_disk``) too.
+Nothing is awaited while a transaction is open.
 
 **Write-behind.** Fetched blocks are *staged* (``stage``): kept in memory, visible to every
 read at once, and stored by the writer task (``run``) in one transaction per batch (all
@@ -123,9 +124,9 @@ import lmdb
 import trio
 
 from spokefs import metrics
-from spokefs.cache_layout import KEY, PROTECTED, ChunkHead
-from spokefs.cache_policy import AccessClock
-from spokefs.cache_store import (
+from spokefs.cache.layout import KEY, PROTECTED, ChunkHead
+from spokefs.cache.policy import AccessClock
+from spokefs.cache.store import (
     ORIGIN_DEMAND,
     ORIGIN_PREFETCH,
     ORIGIN_WARM,

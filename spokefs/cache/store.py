@@ -1,8 +1,9 @@
-"""The block cache's LMDB transactions: reads, fills, promotions, drops and eviction.
+"""The block cache's LMDB transactions: reads, fills, promotions and drops (eviction, which
+runs inside the fills' transactions, is ``cache.eviction``).
 
 ``ChunkStore`` owns the environment; each public method is one transaction, run by
 ``block_cache.BlockCache`` in a worker thread (see its docstring for the policy, the
-concurrency protocol and the crash states; ``cache_layout`` for the records). Nothing here
+concurrency protocol and the crash states; ``cache.layout`` for the records). Nothing here
 awaits or touches trio; it may raise any ``lmdb.Error``, which the caller sorts out.
 """
 
@@ -16,10 +17,10 @@ from pathlib import Path
 import lmdb
 import xxhash
 
-from spokefs.cache_layout import (
+from spokefs.cache.eviction import Evictor
+from spokefs.cache.layout import (
     KEY,
     LAYOUT,
-    ORDER_KEY,
     PROBATION,
     PROTECTED,
     BadHead,
@@ -38,8 +39,6 @@ ORIGIN_WARM = 2
 ORIGINS = ("demand", "prefetch", "warm")
 
 _MAX_EVICT_BATCH = 64 << 20
-_SCAN_LIMIT = 1024  # probation entries looked at per victim search (bounds a transaction)
-_HAND_LIMIT = 4096  # protected entries the hand looks at per sweep
 
 
 class Found(dict[int, bytes]):
@@ -91,8 +90,8 @@ class ChunkStore:
 
     def __init__(self, path: Path, max_bytes: int, window_bytes: int, map_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._window_chunks = max(1, window_bytes // CHUNK_SIZE)
         self._batch = min(_MAX_EVICT_BATCH, max(CHUNK_SIZE, max_bytes // 64))
+        self._evictor = Evictor(self, window_bytes)
         # The map is address space, not disk: the file grows only as pages are used. The
         # default of twice the quota leaves room for pages freed but not yet reusable (an
         # older reader still sees them) and for free runs too short for a chunk; measured,
@@ -108,7 +107,7 @@ class ChunkStore:
                 self._migrate(txn)
                 self._data = self._env.open_db(b"data", txn=txn)
                 self._head = self._env.open_db(b"head", txn=txn)
-                self._order = self._env.open_db(b"order", txn=txn)
+                self.order_db = self._env.open_db(b"order", txn=txn)
                 self._meta = self._env.open_db(b"meta", txn=txn)
                 self.state = CacheState.decode(txn.get(b"state", db=self._meta))
                 txn.put(b"layout", bytes([LAYOUT]), db=self._meta)
@@ -245,20 +244,20 @@ class ChunkStore:
     ) -> tuple[ChunkHead | None, memoryview | bytes | None]:
         """A chunk's header and data value, (None, None) if absent; raises BadHead if the
         header cannot be decoded or has no data."""
-        head = self._get_head(txn, key)
+        head = self.get_head(txn, key)
         value = None if head is None else txn.get(key, db=self._data)
         if head is not None and value is None:
             raise BadHead("a header without data")
         return head, value
 
-    def _get_head(self, txn: lmdb.Transaction, key: bytes) -> ChunkHead | None:
+    def get_head(self, txn: lmdb.Transaction, key: bytes) -> ChunkHead | None:
         """The chunk's header, None if absent; raises BadHead if it cannot be decoded."""
         raw = txn.get(key, db=self._head)
         return None if raw is None else ChunkHead.decode(raw)
 
-    def _read_head(self, txn: lmdb.Transaction, key: bytes) -> ChunkHead | None:
+    def read_head(self, txn: lmdb.Transaction, key: bytes) -> ChunkHead | None:
         try:
-            return self._get_head(txn, key)
+            return self.get_head(txn, key)
         except BadHead:
             return None
 
@@ -279,7 +278,7 @@ class ChunkStore:
         want = min(CHUNK_BLOCKS, fv.blocks() - ci * CHUNK_BLOCKS)
         if want <= 0:
             return True
-        head = self._read_head(txn, KEY.pack(fv.file_id, fv.version, ci))
+        head = self.read_head(txn, KEY.pack(fv.file_id, fv.version, ci))
         return head is not None and (head.bitmap & ((1 << want) - 1)).bit_count() == want
 
     def cached_bytes(self, files: list[FileVersion]) -> int:
@@ -289,7 +288,7 @@ class ChunkStore:
             for f in files:
                 last_ci, last_slot = divmod(f.blocks() - 1, CHUNK_BLOCKS)
                 for ci in range(f.chunks()):
-                    head = self._read_head(txn, KEY.pack(f.file_id, f.version, ci))
+                    head = self.read_head(txn, KEY.pack(f.file_id, f.version, ci))
                     if head is None:
                         continue
                     total += head.bitmap.bit_count() * BLOCK_SIZE
@@ -318,7 +317,7 @@ class ChunkStore:
             for key, slot, piece, origin in pieces:
                 self._put_piece(txn, st, key, slot, piece, origin, plan)
             if st.nbytes > self.max_bytes:
-                self._evict(txn, st, self.max_bytes - self._batch, plan)
+                self._evictor.evict(txn, st, self.max_bytes - self._batch, plan)
         return st
 
     def promote(self, plan: Plan) -> CacheState:
@@ -336,7 +335,7 @@ class ChunkStore:
         """
         with self._writing(None) as (txn, st):
             target = min(st.nbytes, self.max_bytes) - self.max_bytes // fraction
-            self._evict(txn, st, max(0, target), plan)
+            self._evictor.evict(txn, st, max(0, target), plan)
         with self._writing(None) as (txn, st):
             pass
         return st
@@ -365,20 +364,20 @@ class ChunkStore:
         self, txn: lmdb.Transaction, st: CacheState, key: bytes, bad: set[int]
     ) -> None:
         try:
-            head = self._get_head(txn, key)
+            head = self.get_head(txn, key)
         except BadHead:
-            self._delete_undecodable(txn, st, key)
+            self.delete_undecodable(txn, st, key)
             return
         value = None if head is None else txn.get(key, db=self._data)
         if head is None or value is None:
             if head is not None:
-                self._delete(txn, st, key, head)
+                self.delete(txn, st, key, head)
             return
         blocks = split_blocks(head, value)
         sums = dict(zip(head.slots(), head.sums, strict=True))
         keep = {s: b for s, b in blocks.items() if s not in bad}
         if not keep:
-            self._delete(txn, st, key, head)
+            self.delete(txn, st, key, head)
             return
         self._account(st, head, -(len(value) + len(head.tail)))
         self._store(txn, st, key, head, keep, sums)
@@ -389,14 +388,14 @@ class ChunkStore:
     ) -> None:
         """Store contiguous blocks from ``slot`` on into one chunk (new or merged)."""
         try:
-            head = self._get_head(txn, key)
+            head = self.get_head(txn, key)
         except BadHead:
-            self._delete_undecodable(txn, st, key)
+            self.delete_undecodable(txn, st, key)
             head = None
         value = None if head is None else txn.get(key, db=self._data)
         if head is None or value is None:  # a new chunk: its bytes as they came, one copy
             if head is not None:  # a header without data
-                self._delete(txn, st, key, head)
+                self.delete(txn, st, key, head)
             head = self._new_head(txn, st, key, origin, plan)
             sums = [
                 xxhash.xxh3_64_intdigest(piece[o : o + BLOCK_SIZE])
@@ -428,7 +427,7 @@ class ChunkStore:
         head = ChunkHead(0, origin, PROTECTED if protect else PROBATION, st.seq, stored, [], b"")
         if protect:
             st.protected_chunks += 1
-        txn.put(head.order_key(), key, db=self._order)
+        txn.put(head.order_key(), key, db=self.order_db)
         return head
 
     def _store(
@@ -461,17 +460,17 @@ class ChunkStore:
         if head.segment == PROTECTED:
             st.protected_bytes += nbytes
 
-    def _delete(self, txn: lmdb.Transaction, st: CacheState, key: bytes, head: ChunkHead) -> None:
+    def delete(self, txn: lmdb.Transaction, st: CacheState, key: bytes, head: ChunkHead) -> None:
         """Remove a chunk, its header and its order record, and uncount its bytes."""
         value = txn.pop(key, db=self._data)
         txn.delete(key, db=self._head)
-        txn.delete(head.order_key(), db=self._order)
+        txn.delete(head.order_key(), db=self.order_db)
         self._account(st, head, -(len(value) + len(head.tail) if value is not None else 0))
         st.chunks -= 1
         if head.segment == PROTECTED:
             st.protected_chunks -= 1
 
-    def _delete_undecodable(self, txn: lmdb.Transaction, st: CacheState, key: bytes) -> None:
+    def delete_undecodable(self, txn: lmdb.Transaction, st: CacheState, key: bytes) -> None:
         """Remove a chunk whose header is garbage (its order record goes when reached)."""
         value = txn.pop(key, db=self._data)
         txn.delete(key, db=self._head)
@@ -480,125 +479,19 @@ class ChunkStore:
 
     def _apply_promotions(self, txn: lmdb.Transaction, st: CacheState, plan: Plan) -> None:
         for key in plan.promote:
-            head = self._read_head(txn, key)
+            head = self.read_head(txn, key)
             if head is None or head.segment != PROBATION:
                 continue
             value = txn.get(key, db=self._data)
             if value is None:
                 continue
-            txn.delete(head.order_key(), db=self._order)
+            txn.delete(head.order_key(), db=self.order_db)
             st.seq += 1
             head.segment, head.seq, head.stored_tick = PROTECTED, st.seq, plan.tick
-            txn.put(head.order_key(), key, db=self._order)
+            txn.put(head.order_key(), key, db=self.order_db)
             txn.put(key, head.encode(), db=self._head)
             st.protected_bytes += len(value) + len(head.tail)
             st.protected_chunks += 1
-
-    # -- eviction (inside a write transaction) ----------------------------------------
-
-    def _evict(self, txn: lmdb.Transaction, st: CacheState, target: int, plan: Plan) -> None:
-        """Evict until ``st.nbytes <= target``, in the order of the module docstring."""
-        start = st.nbytes
-
-        def over() -> bool:
-            return st.nbytes > target
-
-        # the hand at its rate (dead protected chunks), then down to the segment's cap,
-        # chunks not visited for a while first
-        self._sweep(txn, st, plan, plan.hand_budget, lambda: False, plan.protected_limit)
-
-        def capped() -> bool:
-            return st.protected_bytes <= plan.protected_cap
-
-        if not capped():
-            self._sweep(txn, st, plan, _HAND_LIMIT, capped, plan.stale_after)
-            self._sweep(txn, st, plan, _HAND_LIMIT, capped)
-        if over():
-            self._evict_dead(txn, st, plan, target)
-        if over():
-            self._evict_newest_read(txn, st, plan, target)
-        if over():
-            self._evict_oldest(txn, st, target)
-        while over() and st.protected_chunks:
-            before = st.chunks
-            self._sweep(txn, st, plan, _HAND_LIMIT, lambda: not over())
-            if st.chunks == before:  # nothing left to find (totals off after corruption)
-                break
-        st.evicted += start - st.nbytes
-
-    def _remove(
-        self, txn: lmdb.Transaction, st: CacheState, order_key: bytes, key: bytes
-    ) -> None:
-        """Evict the chunk an order record names (or drop the record if it is stale)."""
-        try:
-            head = self._get_head(txn, key)
-        except BadHead:
-            self._delete_undecodable(txn, st, key)
-            head = None
-        if head is None or head.order_key() != order_key:
-            txn.delete(order_key, db=self._order)
-            return
-        self._delete(txn, st, key, head)
-
-    def _sweep(
-        self, txn: lmdb.Transaction, st: CacheState, plan: Plan, budget: int,
-        stop: Callable[[], bool], unvisited_for: int = -1,
-    ) -> None:
-        """Move the protected segment's clock hand over up to ``budget`` entries, evicting
-        each, or only those not visited for more than ``unvisited_for`` visits."""
-        cur = txn.cursor(db=self._order)
-        for _ in range(min(budget, st.protected_chunks)):
-            if stop():
-                return
-            if not _seek(cur, ORDER_KEY.pack(PROTECTED, st.hand + 1), PROTECTED) and \
-                    not _seek(cur, ORDER_KEY.pack(PROTECTED, 0), PROTECTED):
-                return
-            order_key, key = bytes(cur.key()), bytes(cur.value())
-            st.hand = ORDER_KEY.unpack(order_key)[1]
-            if unvisited_for >= 0:
-                head = self._read_head(txn, key)
-                seen = max(plan.last_visit(key), head.stored_tick if head else 0)
-                if plan.tick - seen <= unvisited_for:
-                    continue
-            self._remove(txn, st, order_key, key)
-
-    def _evict_dead(self, txn: lmdb.Transaction, st: CacheState, plan: Plan, target: int) -> None:
-        """Probation chunks that arrived over ``probation_limit`` visits ago, oldest first."""
-        cur = txn.cursor(db=self._order)
-        while st.nbytes > target and _seek(cur, ORDER_KEY.pack(PROBATION, 0), PROBATION):
-            order_key, key = bytes(cur.key()), bytes(cur.value())
-            head = self._read_head(txn, key)
-            if head is not None and plan.tick - head.stored_tick <= plan.probation_limit:
-                return
-            self._remove(txn, st, order_key, key)
-
-    def _evict_newest_read(
-        self, txn: lmdb.Transaction, st: CacheState, plan: Plan, target: int
-    ) -> None:
-        """The most recently stored probation chunks that have been read, outside the window."""
-        cur = txn.cursor(db=self._order)
-        bound = ORDER_KEY.pack(PROBATION, max(0, st.seq - self._window_chunks) + 1)
-        ok = cur.prev() if cur.set_range(bound) else cur.last()
-        victims: list[tuple[bytes, bytes]] = []
-        excess = st.nbytes - target
-        for _ in range(_SCAN_LIMIT):
-            if not ok or excess <= 0 or cur.key()[0] != PROBATION:
-                break
-            order_key, key = bytes(cur.key()), bytes(cur.value())
-            head = self._read_head(txn, key)
-            if head is None or plan.is_visited(key, head.stored_tick):
-                victims.append((order_key, key))
-                excess -= len(head.sums) * BLOCK_SIZE if head else 0
-            ok = cur.prev()
-        for order_key, key in victims:
-            self._remove(txn, st, order_key, key)
-
-    def _evict_oldest(self, txn: lmdb.Transaction, st: CacheState, target: int) -> None:
-        """The oldest probation chunks, whatever they are."""
-        cur = txn.cursor(db=self._order)
-        while st.nbytes > target and _seek(cur, ORDER_KEY.pack(PROBATION, 0), PROBATION):
-            self._remove(txn, st, bytes(cur.key()), bytes(cur.value()))
-
 
 class NotResident(Exception):
     """An inline read would wait for the disk (see ``residency``)."""
@@ -721,11 +614,6 @@ def _assemble(
         res.by_origin[min(origins[s], len(ORIGINS) - 1)] += 1
     body = b"".join(blocks[s] for s in range(lo, hi + 1))
     return [body[a - lo * BLOCK_SIZE : b - lo * BLOCK_SIZE]]
-
-
-def _seek(cur: lmdb.Cursor, key: bytes, segment: int) -> bool:
-    """Position ``cur`` at the first order record at or after ``key`` within ``segment``."""
-    return bool(cur.set_range(key)) and cur.key()[0] == segment
 
 
 def nblocks(data: bytes) -> int:

@@ -1,0 +1,146 @@
+"""Eviction: which chunks leave the block cache when it is over its quota, and in what order.
+
+The policy (a scan-resistant two-segment scheme for epochs over datasets larger than the
+cache) is described in ``cache.block_cache``'s docstring; the access clock that feeds it is in
+``cache.policy``. Everything here runs inside one of ``cache.store.ChunkStore``'s write
+transactions, on a worker thread, and bounds how many order records one transaction looks at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import lmdb
+
+from spokefs.cache.layout import ORDER_KEY, PROBATION, PROTECTED, BadHead, CacheState
+from spokefs.config import BLOCK_SIZE, CHUNK_SIZE
+
+if TYPE_CHECKING:
+    from spokefs.cache.store import ChunkStore, Plan
+
+_SCAN_LIMIT = 1024  # probation entries looked at per victim search (bounds a transaction)
+_HAND_LIMIT = 4096  # protected entries the hand looks at per sweep
+
+
+class Evictor:
+    """Evicts from one ``ChunkStore`` inside its write transactions.
+
+    Args:
+        store: the store whose records it removes.
+        window_bytes: the newest fills the "most recently read" rule leaves alone.
+    """
+
+    def __init__(self, store: ChunkStore, window_bytes: int) -> None:
+        self._store = store
+        self._window_chunks = max(1, window_bytes // CHUNK_SIZE)
+
+    def evict(self, txn: lmdb.Transaction, st: CacheState, target: int, plan: Plan) -> None:
+        """Evict until ``st.nbytes <= target``, in the order of the module docstring."""
+        start = st.nbytes
+
+        def over() -> bool:
+            return st.nbytes > target
+
+        # the hand at its rate (dead protected chunks), then down to the segment's cap,
+        # chunks not visited for a while first
+        self._sweep(txn, st, plan, plan.hand_budget, lambda: False, plan.protected_limit)
+
+        def capped() -> bool:
+            return st.protected_bytes <= plan.protected_cap
+
+        if not capped():
+            self._sweep(txn, st, plan, _HAND_LIMIT, capped, plan.stale_after)
+            self._sweep(txn, st, plan, _HAND_LIMIT, capped)
+        if over():
+            self._evict_dead(txn, st, plan, target)
+        if over():
+            self._evict_newest_read(txn, st, plan, target)
+        if over():
+            self._evict_oldest(txn, st, target)
+        while over() and st.protected_chunks:
+            before = st.chunks
+            self._sweep(txn, st, plan, _HAND_LIMIT, lambda: not over())
+            if st.chunks == before:  # nothing left to find (totals off after corruption)
+                break
+        st.evicted += start - st.nbytes
+
+    def _remove(
+        self, txn: lmdb.Transaction, st: CacheState, order_key: bytes, key: bytes
+    ) -> None:
+        """Evict the chunk an order record names (or drop the record if it is stale)."""
+        try:
+            head = self._store.get_head(txn, key)
+        except BadHead:
+            self._store.delete_undecodable(txn, st, key)
+            head = None
+        if head is None or head.order_key() != order_key:
+            txn.delete(order_key, db=self._store.order_db)
+            return
+        self._store.delete(txn, st, key, head)
+
+    def _sweep(
+        self, txn: lmdb.Transaction, st: CacheState, plan: Plan, budget: int,
+        stop: Callable[[], bool], unvisited_for: int = -1,
+    ) -> None:
+        """Move the protected segment's clock hand over up to ``budget`` entries, evicting
+        each, or only those not visited for more than ``unvisited_for`` visits."""
+        cur = txn.cursor(db=self._store.order_db)
+        for _ in range(min(budget, st.protected_chunks)):
+            if stop():
+                return
+            if not _seek(cur, ORDER_KEY.pack(PROTECTED, st.hand + 1), PROTECTED) and \
+                    not _seek(cur, ORDER_KEY.pack(PROTECTED, 0), PROTECTED):
+                return
+            order_key, key = bytes(cur.key()), bytes(cur.value())
+            st.hand = ORDER_KEY.unpack(order_key)[1]
+            if unvisited_for >= 0:
+                head = self._store.read_head(txn, key)
+                seen = max(plan.last_visit(key), head.stored_tick if head else 0)
+                if plan.tick - seen <= unvisited_for:
+                    continue
+            self._remove(txn, st, order_key, key)
+
+    def _evict_dead(self, txn: lmdb.Transaction, st: CacheState, plan: Plan, target: int) -> None:
+        """Probation chunks that arrived over ``probation_limit`` visits ago, oldest first."""
+        cur = txn.cursor(db=self._store.order_db)
+        while st.nbytes > target and _seek(cur, ORDER_KEY.pack(PROBATION, 0), PROBATION):
+            order_key, key = bytes(cur.key()), bytes(cur.value())
+            head = self._store.read_head(txn, key)
+            if head is not None and plan.tick - head.stored_tick <= plan.probation_limit:
+                return
+            self._remove(txn, st, order_key, key)
+
+    def _evict_newest_read(
+        self, txn: lmdb.Transaction, st: CacheState, plan: Plan, target: int
+    ) -> None:
+        """The most recently stored probation chunks that have been read, outside the window."""
+        cur = txn.cursor(db=self._store.order_db)
+        bound = ORDER_KEY.pack(PROBATION, max(0, st.seq - self._window_chunks) + 1)
+        ok = cur.prev() if cur.set_range(bound) else cur.last()
+        victims: list[tuple[bytes, bytes]] = []
+        excess = st.nbytes - target
+        for _ in range(_SCAN_LIMIT):
+            if not ok or excess <= 0 or cur.key()[0] != PROBATION:
+                break
+            order_key, key = bytes(cur.key()), bytes(cur.value())
+            head = self._store.read_head(txn, key)
+            if head is None or plan.is_visited(key, head.stored_tick):
+                victims.append((order_key, key))
+                excess -= len(head.sums) * BLOCK_SIZE if head else 0
+            ok = cur.prev()
+        for order_key, key in victims:
+            self._remove(txn, st, order_key, key)
+
+    def _evict_oldest(self, txn: lmdb.Transaction, st: CacheState, target: int) -> None:
+        """The oldest probation chunks, whatever they are."""
+        cur = txn.cursor(db=self._store.order_db)
+        while st.nbytes > target and _seek(cur, ORDER_KEY.pack(PROBATION, 0), PROBATION):
+            self._remove(txn, st, bytes(cur.key()), bytes(cur.value()))
+
+
+
+
+def _seek(cur: lmdb.Cursor, key: bytes, segment: int) -> bool:
+    """Position ``cur`` at the first order record at or after ``key`` within ``segment``."""
+    return bool(cur.set_range(key)) and cur.key()[0] == segment
