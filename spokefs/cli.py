@@ -149,7 +149,7 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--ca-file", type=Path,
                    help="PEM CA certificate(s) to trust for an https:// hub instead of the "
                         "system's roots")
-    m.add_argument("--hub", action="append", default=[], metavar="URL",
+    m.add_argument("--hub", action="append", metavar="URL",
                    help="one more hub replica (repeatable), tried after the others")
     m.add_argument("--hub-deadline", type=float, default=60.0,
                    help="seconds an uncached read retries before EIO (default 60)")
@@ -189,7 +189,7 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
     if args.cache_size < _MIN_CACHE_BYTES:
         raise UserError(f"--cache-size {args.cache_size} is too small (at least 1M)")
     token = _read_token(args.token_file) if args.token_file is not None else None
-    hub_urls = _hub_urls(args.hub_url, args.hub)
+    hub_urls = _hub_urls(args.hub_url, args.hub or [])
     tls = _client_tls(hub_urls, args.ca_file)
     if not 0 <= args.metrics_port <= 65535:
         raise UserError(f"--metrics-port {args.metrics_port} is not a port")
