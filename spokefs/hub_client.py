@@ -34,7 +34,6 @@ import logging
 import random
 import ssl
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import TypeVar
@@ -55,6 +54,7 @@ from spokefs.errors import (
     StaleExport,
 )
 from spokefs.hub_origins import HubOrigins
+from spokefs.link_model import WindowedMin
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,6 @@ _MIN_ATTEMPT_S = 0.05  # no attempt starts with less time than this before the d
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})  # 408: our body came too slowly
 # OpenSSL's X509_V_ERR_* for an issuer we do not trust (unknown, missing or self-signed)
 _ISSUER_CODES = frozenset({2, 18, 19, 20, 21})
-_RTT_SAMPLES = 64  # answers the round-trip estimate looks back over
 _ERROR_BODY_MAX = 64 << 10  # hubd's JSON errors are one line; read them so the connection stays
 _PROBE_TIMEOUT_S = 5.0  # a /healthz probe of a hub not in use: a few bytes, a few round trips
 
@@ -115,7 +114,7 @@ class HubClient:
             verify=tls if tls is not None else True,  # https: system roots by default
         )
         self.received_bytes = 0  # answer bytes from the hub so far (all kinds)
-        self._waits: deque[float] = deque(maxlen=_RTT_SAMPLES)
+        self._waits = WindowedMin()  # answer waits: the round trip is their recent minimum
 
     @property
     def base_url(self) -> str:
@@ -133,9 +132,9 @@ class HubClient:
 
     @property
     def rtt_s(self) -> float | None:
-        """The shortest recent wait from sending a blob or pack request to its answer's
-        headers: the round trip plus the hub's own time (None before any answer)."""
-        return min(self._waits) if self._waits else None
+        """The shortest wait of the last minute from sending a blob or pack request to its
+        answer's headers: the round trip plus the hub's own time (None before any answer)."""
+        return self._waits.value()
 
     async def __aenter__(self) -> HubClient:
         return self

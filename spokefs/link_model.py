@@ -178,3 +178,37 @@ class LinkReach:
         if not self._meter.settled(rtt, now):
             rate = max(rate, self._assumed_bps)
         return int(rate * rtt)
+
+
+class WindowedMin:
+    """The smallest sample of the last ``window_s`` seconds (the latest one if none is that
+    recent): a round-trip estimate that queueing does not inflate. With many requests in
+    flight every answer waits behind others' bytes at the bottleneck, so the shortest wait
+    of the last few dozen answers grows with the load; the shortest of the last minute is
+    the path's own delay as long as the link was idle once in that minute (a new job's
+    first requests, or the hub client's keep-alive touches).
+    """
+
+    def __init__(self, window_s: float = 60.0, max_samples: int = 4096) -> None:
+        self._window_s = window_s
+        self._samples: deque[tuple[float, float]] = deque(maxlen=max_samples)
+
+    def append(self, value: float, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        samples = self._samples
+        # a sample no smaller than the newest adds nothing while the newest is in the window
+        while samples and samples[-1][1] >= value:
+            samples.pop()
+        samples.append((now, value))
+        while samples[0][0] < now - self._window_s and len(samples) > 1:
+            samples.popleft()
+
+    def __bool__(self) -> bool:
+        return bool(self._samples)
+
+    def value(self, now: float | None = None) -> float | None:
+        now = time.monotonic() if now is None else now
+        samples = self._samples
+        while len(samples) > 1 and samples[0][0] < now - self._window_s:
+            samples.popleft()
+        return samples[0][1] if samples else None

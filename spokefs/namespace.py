@@ -197,6 +197,7 @@ class Namespace:
 
     def __init__(self, path: Path) -> None:
         path.mkdir(parents=True, exist_ok=True)
+        self.path = path
         self._env = lmdb.open(
             str(path), map_size=_MAP_SIZE, max_dbs=4, readahead=False, lock=True
         )
@@ -384,6 +385,10 @@ class Namespace:
             (b"entries", info.entries), (b"total_bytes", info.total_bytes),
         ):
             txn.put(key, _U64.pack(value), db=self._info)
+
+    def refresh_info(self) -> None:
+        """Read ``info`` again (another process, ``snapshot_load``, replaced the namespace)."""
+        self.info = self._read_info()
 
     def _read_info(self) -> NamespaceInfo | None:
         with self._env.begin() as txn:

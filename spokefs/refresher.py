@@ -42,6 +42,7 @@ from spokefs import metrics
 from spokefs.errors import GenerationGone, HubBehind, HubProtocolError, HubUnavailable, UserError
 from spokefs.hub_client import HubClient
 from spokefs.namespace import Applied, Namespace, NamespaceInfo
+from spokefs.snapshot_load import LoadFailed, reload_snapshot_apart
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,8 @@ class Refresher:
             ) from None
         except wire.WireError as exc:
             raise UserError(f"the hub at {self._hubs()} sent a bad snapshot: {exc}") from None
+        except LoadFailed as exc:
+            raise UserError(f"cannot store the namespace in {self._ns.path}: {exc}") from None
         info = self._ns.info
         assert info is not None
         log.info("namespace ready: entries=%d generation=%d seconds=%.2f",
@@ -143,7 +146,7 @@ class Refresher:
             self._last_error = None
             try:
                 await self._poll()
-            except (HubUnavailable, HubProtocolError, wire.WireError) as exc:
+            except (HubUnavailable, HubProtocolError, wire.WireError, LoadFailed) as exc:
                 self._last_error = exc
                 metrics.REFRESH_ERRORS.inc()
                 self._log_failure(exc)
@@ -221,7 +224,7 @@ class Refresher:
     async def _full(self, deadline_s: float | None) -> None:
         started = time.monotonic()
         body = await self._hub.fetch_snapshot(deadline_s=deadline_s)
-        applied = await trio.to_thread.run_sync(self._ns.reload_snapshot, body)
+        applied = await reload_snapshot_apart(self._ns, body)
         self._behind_since = None
         log.info("snapshot loaded: entries=%d generation=%d compressed=%d seconds=%.2f",
                  applied.info.entries, applied.info.generation, len(body),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from spokefs.link_model import LinkModel
+import pytest
+
+from spokefs.link_model import LinkModel, WindowedMin
 
 MB = 1_000_000
 
@@ -42,3 +44,16 @@ def test_no_waiting_work_means_no_change():
     for i in range(100):
         model.record(MB, 0.1)
         assert model.update(work_waiting=False, now=i * 0.1).limit == 16
+
+
+def test_windowed_min_is_the_smallest_recent_sample():
+    w = WindowedMin(window_s=10)
+    assert w.value(0) is None
+    w.append(0.5, now=0)
+    w.append(0.06, now=1)  # an idle link answers in one round trip
+    for t in range(2, 10):
+        w.append(0.4 + t / 100, now=t)  # then answers queue behind each other's bytes
+    assert w.value(9) == 0.06
+    assert w.value(11.5) == pytest.approx(0.42)  # the clean one left the window: next smallest
+    w.append(0.9, now=30)
+    assert w.value(30) == 0.9  # nothing else is recent: the latest
