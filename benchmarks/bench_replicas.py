@@ -24,6 +24,7 @@ Medians of ``--runs`` runs; graded against issue 11's goal. Appends one JSON lin
 benchmarks/results/replicas.jsonl.
 
     python3 benchmarks/bench_replicas.py [--rtt-ms 60] [--runs 3] [--files 96] [--no-prefetch]
+        [--work-dir /var/tmp] [--results F] [--smoke]
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import argparse
 import contextlib
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -42,37 +44,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchlib import (
-    HUB_READY_RE,
-    MIB,
-    REPO,
-    Deadline,
-    Figure,
-    Goal,
-    LinkSpec,
-    Proc,
-    append_jsonl,
-    format_grades,
-    free_port,
-    grade,
-    link_counters,
-    open_link,
-    run_info,
-    scrape,
-    spoke_mount,
-)
+import benchlib as bl
 
 GOAL_TEXT = ("Failover between two hubs mid-epoch: no read fails for longer than the hub "
              "deadline, no cache entry lost, 0 wrong bytes.")
 HUB_DEADLINE_S = 60.0  # spokefs's default --hub-deadline: the bar for the stall
 GOALS = [
-    Goal(GOAL_TEXT, "failed", "reads that failed", "<=", 0),
-    Goal(GOAL_TEXT, "stall_s", "longest read in flight at the kill or started in the window "
+    bl.Goal(GOAL_TEXT, "failed", "reads that failed", "<=", 0),
+    bl.Goal(GOAL_TEXT, "stall_s", "longest read in flight at the kill or started in the window "
          "after it (s)", "<=", HUB_DEADLINE_S),
-    Goal(GOAL_TEXT, "refetched_blocks", "blocks fetched again in a second pass over the "
+    bl.Goal(GOAL_TEXT, "refetched_blocks", "blocks fetched again in a second pass over the "
          "epoch", "<=", 0),
-    Goal(GOAL_TEXT, "snapshots_after_mount", "full snapshots taken after the mount", "<=", 0),
-    Goal(GOAL_TEXT, "wrong_bytes", "bytes that differ from the source", "<=", 0),
+    bl.Goal(GOAL_TEXT, "snapshots_after_mount", "full snapshots taken after the mount", "<=", 0),
+    bl.Goal(GOAL_TEXT, "wrong_bytes", "bytes that differ from the source", "<=", 0),
 ]
 
 
@@ -85,7 +69,7 @@ def make_export(root: Path, files: int, seed: int) -> list[str]:
     for i in range(files):
         rel = f"shard{i % 8}/sample{i:05d}.bin"
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_bytes(rnd.randbytes(rnd.randrange(3 * MIB // 2, 4 * MIB)))
+        (root / rel).write_bytes(rnd.randbytes(rnd.randrange(3 * bl.MIB // 2, 4 * bl.MIB)))
         names.append(rel)
     return names
 
@@ -148,7 +132,7 @@ def read_past_page_cache(path: Path) -> bytes:
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         parts = []
-        while chunk := os.read(fd, MIB):
+        while chunk := os.read(fd, bl.MIB):
             parts.append(chunk)
         return b"".join(parts)
     finally:
@@ -160,31 +144,31 @@ def differing_bytes(got: bytes, want: bytes) -> int:
 
 
 @contextlib.contextmanager
-def hub_on(root: Path, port: int, log: Path, deadline: Deadline) -> Iterator[Proc]:
+def hub_on(root: Path, port: int, log: Path, deadline: bl.Deadline) -> Iterator[bl.Proc]:
     """hubd on a fixed loopback port (so a restart keeps the URL)."""
-    proc = Proc("hubd", [sys.executable, "-m", "hubd", "serve", str(root), "--listen",
+    proc = bl.Proc("hubd", [sys.executable, "-m", "hubd", "serve", str(root), "--listen",
                          f"127.0.0.1:{port}", "--log-level", "WARNING"], log)
     try:
-        proc.wait_line(HUB_READY_RE, deadline.timeout(120))
+        proc.wait_line(bl.HUB_READY_RE, deadline.timeout(120))
         yield proc
     finally:
         proc.stop()
 
 
 def one_run(args: argparse.Namespace, work: Path, src: Path, names: list[str], run: int,
-            deadline: Deadline) -> dict[str, Any]:
-    spec = LinkSpec(args.rtt_ms)
-    port_a, port_b = free_port(), free_port()
+            deadline: bl.Deadline) -> dict[str, Any]:
+    spec = bl.LinkSpec(args.rtt_ms)
+    port_a, port_b = bl.free_port(), bl.free_port()
     order = list(names)
     random.Random(run).shuffle(order)
     with contextlib.ExitStack() as stack:
         hub_a = stack.enter_context(hub_on(src, port_a, work / f"hub-a-{run}.log", deadline))
         stack.enter_context(hub_on(src, port_b, work / f"hub-b-{run}.log", deadline))
-        link_a = stack.enter_context(open_link(port_a, spec))
-        link_b = stack.enter_context(open_link(port_b, spec))
+        link_a = stack.enter_context(bl.open_link(port_a, spec))
+        link_b = stack.enter_context(bl.open_link(port_b, spec))
         url_a, url_b = f"http://127.0.0.1:{link_a.port}", f"http://127.0.0.1:{link_b.port}"
         log = work / f"spoke-{run}.log"
-        mount = stack.enter_context(spoke_mount(
+        mount = stack.enter_context(bl.spoke_mount(
             f"{url_a},{url_b}", work / f"mnt-{run}", work / f"cache-{run}", log, deadline,
             extra_args=["--no-prefetch"] if args.no_prefetch else []))
         killed: list[float] = []
@@ -193,7 +177,7 @@ def one_run(args: argparse.Namespace, work: Path, src: Path, names: list[str], r
             killed.append(time.monotonic())
             hub_a.popen.kill()
 
-        links_start = [link_counters(link_a), link_counters(link_b, fresh=False)]
+        links_start = [bl.link_counters(link_a), bl.link_counters(link_b, fresh=False)]
         epoch = Epoch(mount.path, src, order, args.readers)
         epoch.run(int(len(order) * args.kill_at), kill_a)
         hub_a.wait(10)
@@ -202,17 +186,17 @@ def one_run(args: argparse.Namespace, work: Path, src: Path, names: list[str], r
         before = [e - s for s, e in epoch.reads if e < kill_t]
         around = [e - s for s, e in epoch.reads if s <= kill_t + args.window and e >= kill_t]
 
-        misses_before = scrape(mount.metrics_url).get("spokefs_block_misses_total", 0.0)
-        links_before = [link_counters(link_a), link_counters(link_b, fresh=False)]
+        misses_before = bl.scrape(mount.metrics_url).get("spokefs_block_misses_total", 0.0)
+        links_before = [bl.link_counters(link_a), bl.link_counters(link_b, fresh=False)]
         again = Epoch(mount.path, src, order, args.readers)
         again.run()
-        misses_after = scrape(mount.metrics_url).get("spokefs_block_misses_total", 0.0)
-        links_after = [link_counters(link_a), link_counters(link_b, fresh=False)]
+        misses_after = bl.scrape(mount.metrics_url).get("spokefs_block_misses_total", 0.0)
+        links_after = [bl.link_counters(link_a), bl.link_counters(link_b, fresh=False)]
         link_down = sum(a.minus(b).bytes_down for a, b in zip(links_after, links_before,
                                                                   strict=True))
         epoch_down = [a.minus(b).bytes_down for a, b in zip(links_before, links_start,
                                                              strict=True)]
-        metrics = scrape(mount.metrics_url)
+        metrics = bl.scrape(mount.metrics_url)
         failovers = metrics.get('spokefs_hub_failovers_total{reason="failed"}', 0.0)
 
         back_s = None
@@ -220,7 +204,7 @@ def one_run(args: argparse.Namespace, work: Path, src: Path, names: list[str], r
         stack.enter_context(hub_on(src, port_a, work / f"hub-a-{run}-again.log", deadline))
         key = f'spokefs_hub_origin{{url="{url_a}"}}'
         while time.monotonic() - restarted < 30:
-            if scrape(mount.metrics_url).get(key) == 1.0:
+            if bl.scrape(mount.metrics_url).get(key) == 1.0:
                 back_s = time.monotonic() - restarted
                 break
             time.sleep(0.1)
@@ -243,53 +227,67 @@ def one_run(args: argparse.Namespace, work: Path, src: Path, names: list[str], r
     }
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rtt-ms", type=float, default=60.0)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--files", type=int, default=96)
-    ap.add_argument("--no-prefetch", action="store_true", help="spokefs --no-prefetch")
     ap.add_argument("--readers", type=int, default=4)
+    ap.add_argument("--no-prefetch", action="store_true", help="spokefs --no-prefetch")
     ap.add_argument("--kill-at", type=float, default=0.3, help="fraction of the epoch")
     ap.add_argument("--window", type=float, default=5.0,
                     help="seconds after the kill whose reads count for the stall")
     ap.add_argument("--max-seconds", type=float, default=1800)
-    ap.add_argument("--results", type=Path, default=REPO / "benchmarks/results/replicas.jsonl")
-    args = ap.parse_args()
-    deadline = Deadline(args.max_seconds)
-    work = Path(tempfile.mkdtemp(prefix="bench-replicas-", dir="/var/tmp"))
-    src = work / "export"
-    names = make_export(src, args.files, seed=1)
-    runs = []
-    for run in range(args.runs):
-        runs.append(one_run(args, work, src, names, run, deadline))
-        print(f"run {run}: {runs[-1]}", flush=True)
+    ap.add_argument("--work-dir", type=Path, default=Path("/var/tmp"),
+                    help="where the data set, caches and mounts go (removed afterwards)")
+    ap.add_argument("--results", type=Path, default=bl.REPO / "benchmarks/results/replicas.jsonl")
+    ap.add_argument("--smoke", action="store_true",
+                    help="CI: 12 files, 1 run, 4 ms RTT, no prefetch (so reads after the kill "
+                         "need a hub), ~20 s")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.files, args.runs, args.rtt_ms, args.no_prefetch = 12, 1, 4.0, True
+        args.max_seconds = min(args.max_seconds, 180.0)
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    head = bl.run_info("bench_replicas.py")  # before anything is written into the tree
+    deadline = bl.Deadline(args.max_seconds)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="bench-replicas-", dir=args.work_dir))
+    try:
+        src = work / "export"
+        names = make_export(src, args.files, seed=1)
+        runs = []
+        for run in range(args.runs):
+            runs.append(one_run(args, work, src, names, run, deadline))
+            print(f"run {run}: {runs[-1]}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     keys = ("stall_s", "read_p50_before_s", "read_max_before_s", "failed", "wrong_bytes",
             "refetched_blocks", "second_pass_link_bytes", "epoch_link_bytes_a",
             "epoch_link_bytes_b", "epoch_file_bytes", "failovers", "back_s",
             "snapshots_after_mount")
-    figures = {k: Figure() for k in keys}
+    figures = {k: bl.Figure() for k in keys}
     for r in runs:
         for k in keys:
             figures[k].add(r[k])
-    summary = {k: f.summary() for k, f in figures.items()}
     for k in keys:
         print(f"{k:>24}: {figures[k].text('{:.3f}')}")
-    rtt = int(args.rtt_ms)
 
-    def value_of(goal: Goal, _rtt: int) -> tuple[float | None, str]:
+    def value_of(goal: bl.Goal, _rtt: int) -> tuple[float | None, str]:
         f = figures[goal.key]
         return (max(f.samples) if f.samples else None), "worst of the runs"
 
-    grades = grade(GOALS, [rtt], value_of)
-    print(format_grades(grades))
-    append_jsonl(args.results, {
-        **run_info("bench_replicas.py"), "rtt_ms": args.rtt_ms, "files": args.files,
-        "prefetch": not args.no_prefetch,
+    grades = bl.grade(GOALS, [int(args.rtt_ms)], value_of)
+    bl.print_goals(["issue 11"], [GOAL_TEXT], grades)
+    bl.save_record(args.results, {
+        **head, "rtt_ms": args.rtt_ms, "files": args.files, "prefetch": not args.no_prefetch,
         "readers": args.readers, "kill_at": args.kill_at, "window_s": args.window,
-        "runs": runs, "summary": summary,
-        "grades": [{"what": g.goal.what, "verdict": g.verdict, "value": g.value}
-                   for g in grades],
+        "runs": runs, "summary": {k: f.summary() for k, f in figures.items()},
+        "grades": bl.grades_json(grades),
     })
 
 

@@ -13,10 +13,12 @@ dropped first:
   for a second, the bytes the link carried beyond that shard are the overshoot.
 
 Every byte read is checked against the manifest. Throughput is measured at the link: the
-emulator's ``bytes_down`` counter over the pass's wall time, as a fraction of the cap (the
-readers' own rate is printed next to it). With ``--baseline-src DIR`` the same passes run with
-the spoke of another checkout (e.g. a worktree of an older commit) in the same run, so the two
-are compared on the same machine at the same moment.
+bytes the emulator delivered between the start of the read and its last byte (its
+time-stamped counters, benchlib.LinkSeries), over that time, as a fraction of the cap (the
+readers' own rate is printed next to it); link bytes per byte read count until 1 s after.
+With ``--baseline-src DIR`` the same passes run with the spoke of another checkout (e.g. a
+worktree of an older commit) in the same run, so the two are compared on the same machine at
+the same moment.
 
 Prints a table per RTT and the goals graded, and appends one JSON line (with the commit and
 whether the tree was dirty) to benchmarks/results/shards.jsonl.
@@ -47,6 +49,7 @@ from benchlib import (
     Deadline,
     Figure,
     Goal,
+    LinkSeries,
     LinkSpec,
     append_jsonl,
     drop_caches,
@@ -66,26 +69,29 @@ MODES = ("one", "four", "stop")
 READERS_FOUR = 4
 QUIET_S = 1.0  # the link counts no more bytes for this long: the overshoot has landed
 
-# The issue: "Large files and the namespace: warm reads near the FUSE ceiling, shards at line
-# rate at 900 ms, ..." and item 2 ("Cold shards: no ramp per open ... A reader that stops
-# early leaves at most a bounded overshoot (state the bound). Measure over a multi-shard
-# dataset (e.g. 8 x 256 MiB shards read in order by one reader, and by 4 readers each on its
-# own shard)"). "Line rate" is graded as >= 0.9 of the cap (HTTP and TCP headers, and the
-# first round trip of a cold start, take the rest); the stated overshoot bound is twice the
-# bandwidth-delay product the spoke measured, past the end of the file read, at most the
-# 256 MiB window (prefetcher.spill_bytes, scraped as spokefs_prefetch_spill_limit_bytes),
-# plus one request (4 MiB).
-LINE_RATE = "shards at line rate at 900 ms"
+# The issue "Large files and the namespace", its goal for cold shards word for word, and its
+# item 2 ("A reader that stops early leaves at most a bounded overshoot (state the bound).
+# Measure over a multi-shard dataset (e.g. 8 x 256 MiB shards read in order by one reader, and
+# by 4 readers each on its own shard)"): both reader layouts are graded on the goal. The
+# stated overshoot bound is twice the bandwidth-delay product the spoke measured, past the end
+# of the file read, at most the 256 MiB window (prefetcher.spill_bytes, scraped as
+# spokefs_prefetch_spill_limit_bytes), plus one request (4 MiB).
+COLD = ("Cold shards over the emulated link: >= 0.95 of the cap at 60 ms and >= 0.8 at 900 ms, "
+        "counted at the link over the whole dataset; link bytes <= 1.02 per byte read.")
+OVERSHOOT = "A reader that stops early leaves at most a bounded overshoot (state the bound)."
 GOALS = [
-    Goal(LINE_RATE, "one_link_ratio", "one reader, shards in order: link MB/s / cap",
-         ">=", 0.9),
-    Goal(LINE_RATE, "four_link_ratio", "4 readers, each on its own shards: link MB/s / cap",
-         ">=", 0.9),
-    Goal("Cold shards: no ramp per open ... (the link carries each byte once)",
-         "one_link_bytes_per_byte", "one reader: link bytes / bytes read", "<=", 1.02),
-    Goal("A reader that stops early leaves at most a bounded overshoot (state the bound)",
-         "stop_overshoot_of_bound", "stop: bytes past the shard read / (spill limit + 4 MiB)",
-         "<=", 1.0),
+    Goal(COLD, "one_link_ratio", "one reader, shards in order: link MB/s / cap", ">=", 0.95,
+         (60,)),
+    Goal(COLD, "one_link_ratio", "one reader, shards in order: link MB/s / cap", ">=", 0.8,
+         (900,)),
+    Goal(COLD, "four_link_ratio", "4 readers, each on its own shards: link MB/s / cap",
+         ">=", 0.95, (60,)),
+    Goal(COLD, "four_link_ratio", "4 readers, each on its own shards: link MB/s / cap",
+         ">=", 0.8, (900,)),
+    Goal(COLD, "one_link_bytes_per_byte", "one reader: link bytes / bytes read", "<=", 1.02),
+    Goal(COLD, "four_link_bytes_per_byte", "4 readers: link bytes / bytes read", "<=", 1.02),
+    Goal(OVERSHOOT, "stop_overshoot_of_bound",
+         "stop: bytes past the shard read / (spill limit + 4 MiB)", "<=", 1.0),
 ]
 
 
@@ -177,27 +183,36 @@ def one_pass(args: argparse.Namespace, work: Path, deadline: Deadline, hub_port:
             else:
                 groups = [shards[:1]]
             drop_caches()
-            before = link_counters(link).bytes_down
-            started = time.perf_counter()
+            series = LinkSeries(link).start()  # the rate is read at the link, over the read
+            before = series.rows[0][1]
+            t0, started = time.time(), time.perf_counter()
             nbytes, got = read_in_processes(groups)
-            wall = time.perf_counter() - started
+            wall, t1 = time.perf_counter() - started, time.time()
             if mode == "stop":
+                # the limit when the reader stopped, and after: the larger is the bound
+                gauges = ("spokefs_prefetch_spill_limit_bytes", "spokefs_link_bdp_bytes")
+                at_stop = scrape(m.metrics_url, gauges)
                 down = wait_quiet(link, 2 * spec.rtt_ms / 1000 + 30) - before
-                spill = scrape(m.metrics_url, ("spokefs_prefetch_spill_limit_bytes",))
-            else:
-                down = link_counters(link).bytes_down - before
+                after = scrape(m.metrics_url, gauges)
+                spill = {k: max(at_stop.get(k, 0), after.get(k, 0)) for k in gauges}
+            series.stop(settle_s=1.0)  # bytes still on their way count as carried
+            in_read = series.delivered(t0, t1)
+            if mode != "stop":
+                down = series.rows[-1][1] - before
         wrong = [n for n, d in got.items() if sums[n] != d]
         if wrong:
             raise BenchError(f"{mode}: wrong bytes in {', '.join(wrong)}")
     out = {"wall_s": wall, "bytes_read": nbytes, "link_bytes": down,
-           "reader_mb_s": nbytes / wall / 1e6, "link_mb_s": down / wall / 1e6,
-           "link_ratio": down / wall / spec.cap_bytes_per_s,
+           "link_bytes_during_read": in_read,
+           "reader_mb_s": nbytes / wall / 1e6, "link_mb_s": in_read / wall / 1e6,
+           "link_ratio": in_read / wall / spec.cap_bytes_per_s,
            "link_bytes_per_byte": down / nbytes}
     if mode == "stop":
         # the stated bound: the spoke's spill limit (twice the bandwidth-delay product it
         # measured, at most the 256 MiB window) plus one request
         bound = spill.get("spokefs_prefetch_spill_limit_bytes", 256 * MIB) + 4 * MIB
         out |= {"overshoot_bytes": down - nbytes, "overshoot_bound_bytes": bound,
+                "spoke_bdp_bytes": spill.get("spokefs_link_bdp_bytes", 0),
                 "overshoot_of_bound": (down - nbytes) / bound}
     return out
 

@@ -32,7 +32,7 @@ Library use (trio)::
 From a non-trio program use :class:`LongLinkProcess`, which runs the CLI as a subprocess:
 
     python3 benchmarks/longlink.py --listen 127.0.0.1:0 --upstream 127.0.0.1:PORT \\
-        --delay-ms 30 --rate-mbit 1000 --window-bytes 4194304 [--status-file F]
+        --delay-ms 30 --rate-mbit 1000 --window-bytes 4194304 [--status-file F [--status-ms 200]]
 
 It prints one readiness line ``longlink: listening on HOST:PORT -> ...`` (flushed); SIGTERM or
 SIGINT ends it with exit code 0 after a ``longlink: stats {json}`` line; SIGUSR1 turns the
@@ -361,7 +361,7 @@ async def open_longlink(
 class LongLinkProcess:
     """Runs the CLI in a subprocess; a context manager. ``port`` is the bound port.
 
-    ``statistics()`` reads the status file the proxy rewrites every 0.2 s (and at exit).
+    ``statistics()`` reads the status file the proxy rewrites every --status-ms (and at exit).
     """
 
     def __init__(
@@ -446,7 +446,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="link queue: ms of serialisation it may hold beyond one chunk per busy "
                         "connection (default 5)")
     p.add_argument("--no-handshake", action="store_true", help="no RTT for connection setup")
-    p.add_argument("--status-file", type=Path, help="JSON counters, rewritten every 0.2 s")
+    p.add_argument("--status-file", type=Path, help="JSON counters, rewritten every --status-ms")
+    p.add_argument("--status-ms", type=float, default=200.0,
+                   help="how often the status file is rewritten (default 200)")
     p.add_argument("--log-level", default="WARNING")
     return p.parse_args(argv)
 
@@ -468,10 +470,10 @@ def _write_status(path: Path, stats: LinkStats) -> None:
     tmp.replace(path)
 
 
-async def _report_status(link: LongLink, path: Path) -> None:
+async def _report_status(link: LongLink, path: Path, period_s: float) -> None:
     while True:
         await trio.to_thread.run_sync(_write_status, path, link.statistics())
-        await trio.sleep(0.2)
+        await trio.sleep(period_s)
 
 
 async def _handle_signals(link: LongLink, cancel: Callable[[], None]) -> None:
@@ -501,7 +503,7 @@ async def _main(args: argparse.Namespace) -> LinkStats:
             flush=True,
         )
         if args.status_file is not None:
-            nursery.start_soon(_report_status, link, args.status_file)
+            nursery.start_soon(_report_status, link, args.status_file, args.status_ms / 1000)
     return link.statistics()
 
 

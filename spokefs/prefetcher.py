@@ -169,15 +169,17 @@ class Prefetcher:
         would only be lost if the reader does not go on to the next file."""
         return min(2 * self.seed_window(), self._cfg.window_max_bytes)
 
-    def _issue(self, stream: Stream, end: int, target: int) -> None:
+    def _issue(self, stream: Stream, end: int, target: int, *, whole: bool = True) -> None:
         """Queue jobs for ``[max(issued_to, end), target)`` of the stream; what lies past
-        its end of file goes to its successor."""
+        its end of file goes to its successor. With ``whole``, only once that is a whole
+        request (or reaches EOF), so the link sees few, large ranges; a spill into the next
+        file goes out as it is (it may never reach a whole request)."""
         cfg = self._cfg
         size = stream.fv.size
         start = max(stream.issued_to, end)
         stop = min(target, size)
-        # issue in whole requests (or up to EOF) so the link sees few, large ranges
-        if stop - start >= min(cfg.request_bytes, max(stream.window, 1) // 2) or stop == size:
+        if stop > start and (not whole or stop == size
+                             or stop - start >= min(cfg.request_bytes, stream.window // 2)):
             for job_start in range(start - start % CHUNK_SIZE, stop, cfg.request_bytes):
                 job_end = min(job_start + cfg.request_bytes, stop)
                 if not self._send(self._jobs_tx, _Job(stream, stream.epoch, job_start, job_end)):
@@ -185,10 +187,13 @@ class Prefetcher:
                     break
             stream.issued_to = max(stream.issued_to, stop)
         if target > size and stream.issued_to >= size:
-            self._spill(stream, min(target - size, self.spill_bytes()))
+            self._spill(stream, target - size)
 
     def _spill(self, stream: Stream, nbytes: int) -> None:
-        """Read ``nbytes`` ahead into the file after the stream's (found in a worker)."""
+        """Read ``nbytes`` (at most ``spill_bytes``) ahead into the file after the stream's
+        (found in a worker); the successor's own spill is what is left of that."""
+        cap = self.spill_bytes()
+        nbytes = min(nbytes, cap)
         succ = stream.successor
         if succ is None:
             if not stream.seeking:
@@ -196,7 +201,10 @@ class Prefetcher:
             return
         if succ.next_offset == 0 and not succ.closed:  # not read by its own reader yet
             succ.window = max(succ.window, stream.window)
-            self._issue(succ, 0, nbytes)
+            # in steps of a request (or half the cap), as the reader nears its file's end
+            step = min(self._cfg.request_bytes, cap // 2)
+            if nbytes - succ.issued_to >= step or nbytes >= min(cap, succ.fv.size):
+                self._issue(succ, 0, nbytes, whole=False)
 
     def _cut(self, succ: Stream | None) -> None:
         """Stop reading ahead into a chain of successor streams (their jobs are dropped)."""

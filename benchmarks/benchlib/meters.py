@@ -1,0 +1,142 @@
+"""Meters around a pass: CPU of given processes and of the machine (``CpuMeter``,
+``proc_cpu_ticks``, ``machine_ticks``, ``all_ticks``/``top_processes``), a sampler thread for
+any columns (``Series``), and Prometheus text endpoints (``scrape``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu_ticks(pid: int) -> int:
+    """utime + stime of pid (all its threads) in clock ticks; 0 if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs from /proc/stat (idle = idle + iowait)."""
+    vals = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = vals[3] + vals[4]
+    return sum(vals) - idle, sum(vals)
+
+
+def all_ticks() -> dict[int, tuple[str, int]]:
+    """pid -> (command, utime + stime) of every process (a ``top`` snapshot)."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                head, tail = Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)
+                f = tail.split()
+                out[int(d)] = (head.split("(", 1)[1], int(f[11]) + int(f[12]))
+    return out
+
+
+def top_processes(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]],
+                  wall_s: float, n: int = 8) -> list[tuple[int, str, float]]:
+    """The n busiest processes between two ``all_ticks()``: (pid, command, % of one core)."""
+    busy = []
+    for pid, (comm, ticks) in after.items():
+        used = ticks - before[pid][1] if pid in before else ticks
+        if used > 0:
+            cmdline = ""
+            with contextlib.suppress(OSError):
+                raw = Path(f"/proc/{pid}/cmdline").read_bytes()[:90]
+                cmdline = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+            busy.append((pid, cmdline or comm, round(used / CLK_TCK / wall_s * 100, 1)))
+    return sorted(busy, key=lambda x: -x[2])[:n]
+
+
+class CpuMeter:
+    """CPU seconds of named pids, and the machine's busy share, between start() and stop()."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.t0 = time.perf_counter()
+        self.c0 = {k: proc_cpu_ticks(p) for k, p in pids.items()}
+        self.m0 = machine_ticks()
+
+    def stop(self) -> dict[str, Any]:
+        """{"cpu_s": {name: seconds}, "machine_busy_pct": % of all cores (100 = all busy),
+        "machine_busy_cores": cores busy on average, "wall_s": seconds}."""
+        wall = time.perf_counter() - self.t0
+        m1 = machine_ticks()
+        busy = (m1[0] - self.m0[0]) / max(1, m1[1] - self.m0[1])
+        return {
+            "cpu_s": {k: (proc_cpu_ticks(p) - self.c0[k]) / CLK_TCK for k, p in self.pids.items()},
+            "machine_busy_pct": round(busy * 100, 1),
+            "machine_busy_cores": round(busy * (os.cpu_count() or 1), 2),
+            "wall_s": wall,
+        }
+
+
+class Series:
+    """Named columns sampled every ``period_s`` in a thread between ``start()`` and
+    ``stop()``; the first column, ``t_s``, is seconds since start()."""
+
+    def __init__(self, columns: dict[str, Any], period_s: float = 0.5) -> None:
+        self.columns = columns  # name -> callable returning a number
+        self.period_s = period_s
+        self.rows: list[list[float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="series")
+        self._t0 = 0.0
+
+    def _sample(self) -> None:
+        self.rows.append([round(time.perf_counter() - self._t0, 2),
+                          *(float(f()) for f in self.columns.values())])
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self._sample()
+
+    def start(self) -> Series:
+        self._t0 = time.perf_counter()
+        self._sample()
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, Any]:
+        """{"cols": [...], "rows": [...]}."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._sample()
+        return {"cols": ["t_s", *self.columns], "rows": self.rows}
+
+
+
+
+
+def scrape(url: str | None, prefixes: tuple[str, ...] = ("",), sum_labels: bool = False,
+           timeout_s: float = 3.0) -> dict[str, float]:
+    """Prometheus text -> {sample: value} for samples whose name starts with a prefix; with
+    ``sum_labels`` the key is the bare metric name, summed over its labels. {} on failure."""
+    if url is None:
+        return {}
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(prefixes):
+            continue
+        key, _, value = line.rpartition(" ")
+        if sum_labels:
+            key = key.split("{", 1)[0]
+        with contextlib.suppress(ValueError):
+            out[key] = out.get(key, 0.0) + float(value) if sum_labels else float(value)
+    return out

@@ -1,0 +1,129 @@
+"""CI smoke tests of the benchmark scripts: each runs in its tiny mode in a subprocess, must
+exit 0 and append one JSON line that records the commit and the dirty flag, the grades (every
+goal with a verdict, never a pass without a figure) and what the script measured.
+
+Timing is never asserted: these show the scripts still run end to end (real hubd, real
+emulator, real FUSE mounts), so a change to spokefs or to benchlib cannot silently break the
+benchmarks that grade it. Each JSON line goes to a temporary file, not into
+benchmarks/results/, and each data set into a temporary work dir.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers.procs import child_env
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "benchmarks"
+VERDICTS = {"PASS", "MISS", "REPORTED", "NOT MEASURED"}
+
+
+def run_script(script: str, tmp_path: Path, *args: str, timeout_s: float = 150) -> dict[str, Any]:
+    """Run benchmarks/SCRIPT with args; its one JSON line."""
+    results = tmp_path / "results.jsonl"
+    cmd = [sys.executable, str(BENCH / script), *args, "--results", str(results)]
+    done = subprocess.run(cmd, capture_output=True, text=True, errors="replace", cwd=REPO,
+                          env=child_env(), stdin=subprocess.DEVNULL, timeout=timeout_s,
+                          check=False)
+    output = f"stdout:\n{done.stdout[-4000:]}\nstderr:\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, output
+    lines = results.read_text().splitlines()
+    assert len(lines) == 1, output
+    record = json.loads(lines[0])
+    assert len(record["commit"]) == 40, record["commit"]
+    assert isinstance(record["dirty"], bool)
+    assert record["script"] == script
+    return record
+
+
+def check_grades(record: dict[str, Any]) -> None:
+    assert record["grades"], record.keys()
+    for g in record["grades"]:
+        assert g["verdict"] in VERDICTS, g
+        assert g["issue"] and g["figure"], g
+        if g["value"] is None:
+            assert g["verdict"] == "NOT MEASURED", g
+        if g["op"] == "":
+            assert g["verdict"] in ("REPORTED", "NOT MEASURED"), g
+
+
+def test_bench_eviction_small(tmp_path: Path) -> None:
+    record = run_script("bench_eviction.py", tmp_path, "--cache-mib", "4", "--epochs", "2",
+                        "--space-mib", "8", "--work-dir", str(tmp_path))
+    check_grades(record)
+    assert {g["verdict"] for g in record["grades"]} <= {"PASS", "MISS", "REPORTED"}
+    assert record["eviction"]["loop-2x"]["most_bytes_used"] > 0
+
+
+@pytest.mark.slow
+def test_check_longlink_smoke(tmp_path: Path) -> None:
+    record = run_script("check_longlink.py", tmp_path, "--smoke")
+    rows = {r["check"]: r for r in record["rows"]}
+    assert len(rows) == 7, rows
+    # the emulator counted what the clients received (8 connections x 2 MiB)
+    assert rows["8 conns, 60 ms RTT"]["link_mib_down"] >= 16, rows
+
+
+@pytest.mark.fuse
+@pytest.mark.slow
+def test_bench_foundation_smoke(tmp_path: Path) -> None:
+    record = run_script("bench_foundation.py", tmp_path, "--smoke", "--work-dir",
+                        str(tmp_path / "work"))
+    assert record["error"] is None and record["problems"] == [], record
+    check_grades(record)
+    meta, seq = record["figures"]["metadata"], record["figures"]["seqread"]
+    assert meta["find_count"]["median"] == 301, meta
+    for how in ("up", "slow", "down"):
+        assert meta[f"remount_{how}_browse_s"]["median"] > 0, meta
+    assert seq["ceiling_mbps"]["median"] > 0 and seq["warm_over_ceiling"]["median"] > 0, seq
+    assert seq["cold_link_mib"]["median"] >= 8, seq  # 2 x 4 MiB, counted at the emulator
+    assert all(u["clean"] and u["exit_code"] == 0 for u in record["unmounts"]), record
+    warm = next(g for g in record["grades"] if g["key"] == "warm_over_ceiling")
+    assert warm["verdict"] in ("PASS", "MISS"), warm
+
+
+@pytest.mark.fuse
+@pytest.mark.slow
+def test_bench_longlink_smoke(tmp_path: Path) -> None:
+    if shutil.which("fio") is None:
+        pytest.skip("fio is not installed (deploy/setup.sh --test installs it)")
+    record = run_script("bench_longlink.py", tmp_path, "--smoke", "--work-dir",
+                        str(tmp_path / "work"), timeout_s=240)
+    assert record["error"] is None and record["problems"] == [], record
+    check_grades(record)
+    figs = record["figures"]["4"]
+    assert set(figs) == {"seq", "rand", "small", "meta1k"}, figs.keys()
+    seq = figs["seq"]["spokefs"]
+    assert seq["link_per_byte"]["median"] >= 1.0, seq  # every byte read crossed the link
+    assert seq["link_mbps"]["median"] > 0, seq  # a rate read at the link
+    passes = [p for p in record["passes"] if p["system"] == "spokefs" and "link_series" in p]
+    assert passes and all(len(p["link_series"]["rows"]) >= 2 for p in passes), passes
+    assert figs["small"]["spokefs"]["files"]["median"] == 50, figs["small"]
+    assert all(u["clean"] and u["exit_code"] == 0 for u in record["unmounts"]), record
+    # goals stated for 60 and 900 ms are not graded on a 4 ms run
+    seq_goals = [g for g in record["grades"] if g["key"] == "seq_link"]
+    assert {g["rtt_ms"] for g in seq_goals} == {60, 900}, seq_goals
+    assert all(g["verdict"] == "NOT MEASURED" for g in seq_goals), seq_goals
+
+
+@pytest.mark.fuse
+@pytest.mark.slow
+def test_bench_replicas_smoke(tmp_path: Path) -> None:
+    record = run_script("bench_replicas.py", tmp_path, "--smoke", "--work-dir",
+                        str(tmp_path / "work"))
+    check_grades(record)
+    [run] = record["runs"]
+    assert run["failovers"] >= 1 and run["stall_s"] is not None, run  # it did fail over
+    assert (run["failed"], run["wrong_bytes"], run["refetched_blocks"]) == (0, 0, 0), run
+    # every byte of the epoch came down one link or the other, once (at the emulators)
+    assert run["epoch_link_bytes_a"] + run["epoch_link_bytes_b"] >= run["epoch_file_bytes"], run
+    assert run["back_s"] is not None, run  # back on the restarted preferred hub
+    assert {g["verdict"] for g in record["grades"]} == {"PASS"}, record["grades"]
