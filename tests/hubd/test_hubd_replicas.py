@@ -215,3 +215,28 @@ def test_in_process_scans_agree_across_views(two_views: tuple[Path, Path]) -> No
     finally:
         for export in exports:
             export.close()
+
+
+def test_a_bind_mount_of_the_root_below_another_filesystem_is_not_a_cycle(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """ROOT bind-mounted inside a filesystem mounted below ROOT: the bind mount's entry has
+    another mount path (so another id) than ROOT, yet it is ROOT: skipped by its real
+    st_dev and inode, not walked until MAX_DEPTH."""
+    if (why := _loop_usable()) is not None:
+        pytest.skip(why)
+    root = tmp_path / "root"
+    (root / "img").mkdir(parents=True)
+    (root / "f.txt").write_bytes(b"f")
+    image = _image(tmp_path, "img", {"g.txt": b"g"}, dirs=("inner",))
+    with _loop_mount(image, root / "img"):
+        _run("mount", "--bind", str(root), str(root / "img" / "inner"))
+        try:
+            export = ExportRoot(str(root))
+            with caplog.at_level("WARNING", logger="hubd"):
+                snap = export.rescan()
+            export.close()
+        finally:
+            _run("umount", str(root / "img" / "inner"))
+    got = paths_of(list(snap.entries))
+    assert set(got) == {b"", b"f.txt", b"img", b"img/g.txt", b"img/lost+found"}, set(got)
+    assert "directory img/inner seen twice (bind mount?): skipped" in caplog.messages
