@@ -13,7 +13,8 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || debs+=(python3-venv python3-d
 # prometheus: the observability tests run a real Prometheus and its promtool;
 # openssl (priority optional, not in minimal images): the TLS tests make a throwaway CA
 # systemd: its systemd-analyze verifies deploy/systemd/ offline (no systemd as PID 1 needed)
-[ "$want_test" = 1 ] && debs+=(fio prometheus openssl systemd)
+# nginx (with ngx_http_slice_module): the regional tier tests run deploy/regional/'s config
+[ "$want_test" = 1 ] && debs+=(fio prometheus openssl systemd nginx)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")

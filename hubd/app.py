@@ -52,7 +52,8 @@ def make_app(cfg: HubConfig, export: ExportRoot, metrics: HubMetrics) -> web.App
     add(wire.SNAPSHOT_PATH, routes.snapshot, allow_head=False)
     add(wire.CHANGES_PATH, routes.changes, allow_head=False)
     add(wire.BLOB_PATH, routes.blob, allow_head=False)
-    app.router.add_post(wire.PACK_PATH, routes.pack)
+    add(wire.PACK_PATH, routes.pack, allow_head=False)
+    app.router.add_route("*", wire.OLD_PATHS, routes.old_protocol)
     add(wire.HEALTH_PATH, routes.healthz)  # HEAD too, for load balancers
     add(wire.METRICS_PATH, metrics_handler, allow_head=False)
     return app

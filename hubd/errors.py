@@ -49,6 +49,13 @@ class BadPack(HubError):
     reason = "bad-pack"
 
 
+class ProtocolVersion(HubError):
+    """A route of another protocol version (``wire.ERROR_PROTOCOL_VERSION``)."""
+
+    status = 400
+    reason = "protocol-version"
+
+
 class BadGeneration(HubError):
     """``since`` is missing, not a decimal number, or newer than the current generation."""
 
@@ -61,13 +68,6 @@ class Unauthorized(HubError):
 
     status = 401
     reason = "unauthorized"
-
-
-class RequestTimeout(HubError):
-    """The request body did not arrive within the idle timeout (a slow or stalled client)."""
-
-    status = 408
-    reason = "request-timeout"
 
 
 class Forbidden(HubError):
@@ -118,23 +118,10 @@ class RangeNotSatisfiable(HubError):
         super().__init__(detail, {"Content-Range": f"bytes */{size}"} if size is not None else None)
 
 
-class RangeTooLarge(RangeNotSatisfiable):
-    """The range (or a whole-file read) is longer than ``wire.MAX_RANGE_BYTES``."""
-
-    reason = "range-too-large"
-
-
 class MultipleRanges(RangeNotSatisfiable):
     """hubd serves exactly one range per request."""
 
     reason = "multiple-ranges"
-
-
-class PackTooLarge(HubError):
-    """The files of one pack add up to more than ``wire.MAX_RANGE_BYTES``."""
-
-    status = 413
-    reason = "pack-too-large"
 
 
 class Overloaded(HubError):

@@ -1,9 +1,10 @@
 """HTTP handlers: decode the request, call export_root / range_reader / changes, encode.
 
-Routes (formats in wire.py): ``GET /v1/snapshot``, ``GET /v1/changes?since=G`` (the
-``ChangeFeed``), ``GET /v1/blob/{id}/{version}`` and ``POST /v1/pack`` (both through the
-``RangeReader``'s slots and executor: a pack holds one slot, like one range, and its body
-is read up to ``MAX_PACK_FILES`` records and no further), ``GET /healthz``.
+Routes (formats in wire.py): ``GET /v2/snapshot``, ``GET /v2/changes?since=G`` (the
+``ChangeFeed``), ``GET /v2/blob/{id}/{version}`` (a framed answer streamed a slice at a
+time) and ``GET /v2/pack/{dir}/{index}/{digest}`` (both through the ``RangeReader``'s slots
+and executor: each holds one slot until its body is written), ``GET /healthz``, and
+``/v1/...``: 400 ``protocol-version`` for spokes of the old protocol.
 
 Handlers raise ``HubError``s; the error middleware (``app.py``) turns them into answers.
 Once a response is prepared, a handler never raises: a client that goes away mid-body
@@ -14,14 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 
 from aiohttp import hdrs, web
 
 from hubd import wire
 from hubd.changes import ChangeFeed
 from hubd.config import HubConfig
-from hubd.errors import BadGeneration, BadId, BadPack, RequestTimeout
+from hubd.errors import BadGeneration, BadId, BadPack, HubError, ProtocolVersion
 from hubd.export_root import ExportRoot
 from hubd.metrics import METRICS
 from hubd.range_reader import RangeReader, parse_range
@@ -34,8 +35,9 @@ READER = web.AppKey("reader", RangeReader)
 FEED = web.AppKey("feed", ChangeFeed)
 _MAX_GENERATION_DIGITS = 20  # 2**64 has 20 digits
 
-# One year, the longest value caches honour: a blob URL names one version, so it never changes.
-BLOB_CACHE_CONTROL = "public, max-age=31536000, immutable"
+# One year, the longest value caches honour: a blob or pack URL names file versions, so its
+# bytes never change.
+IMMUTABLE = "public, max-age=31536000, immutable"
 BLOB_MEDIA_TYPE = "application/octet-stream"
 
 
@@ -51,7 +53,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def snapshot(request: web.Request) -> web.StreamResponse:
-    """GET /v1/snapshot: stream the current generation's prebuilt compressed bytes."""
+    """GET /v2/snapshot: stream the current generation's prebuilt compressed bytes."""
     snap = request.app[EXPORT].state.snapshot
     chunk = request.app[CONFIG].snapshot_chunk_bytes
     resp = web.StreamResponse(headers={
@@ -66,7 +68,7 @@ async def snapshot(request: web.Request) -> web.StreamResponse:
 
 
 async def changes(request: web.Request) -> web.StreamResponse:
-    """GET /v1/changes?since=G: the changes from generation G to the current one."""
+    """GET /v2/changes?since=G: the changes from generation G to the current one."""
     since = _parse_generation(request.query.getall("since", []))
     state = request.app[EXPORT].state  # snapshot and history of one generation
     body = await request.app[FEED].answer(state.history, state.snapshot.root_id, since)
@@ -93,71 +95,76 @@ def _parse_generation(values: list[str]) -> int:
 
 
 async def blob(request: web.Request) -> web.StreamResponse:
-    """GET /v1/blob/{file_id}/{version}: one byte range (206) or a small whole file (200)."""
+    """GET /v2/blob/{file_id}/{version}: the framed representation, a range of it (206) or
+    all of it (200), streamed a slice at a time."""
     file_id = _parse_id(request.match_info["file_id"])
     version = _parse_id(request.match_info["version"])
     spec = parse_range(request.headers.getall(hdrs.RANGE, []))
     reader = request.app[READER]
     async with reader.slot():
-        data = await reader.read(file_id, version, spec)
-        headers = {
-            hdrs.CONTENT_TYPE: BLOB_MEDIA_TYPE,
-            hdrs.ETAG: wire.etag(file_id, version),
-            hdrs.CACHE_CONTROL: BLOB_CACHE_CONTROL,
-            hdrs.ACCEPT_RANGES: "bytes",
-            wire.HEADER_CHECKSUM: data.checksum,
-        }
-        if data.partial:
-            headers[hdrs.CONTENT_RANGE] = f"bytes {data.start}-{data.stop - 1}/{data.size}"
-        resp = web.StreamResponse(status=206 if data.partial else 200, headers=headers)
-        resp.content_length = len(data.data)
-        # Written inside the slot, so the read buffer counts against the memory bound
-        # until the transport has taken it.
-        await _send(request, resp, (data.data,))
+        framed = await reader.open_framed(file_id, version, spec)
+        try:
+            rng = framed.range
+            # the first piece before the headers: a file that changed is still a clean 412
+            first = await reader.read_piece(framed, 0) if framed.pieces else b""
+            headers = {
+                hdrs.CONTENT_TYPE: BLOB_MEDIA_TYPE,
+                hdrs.ETAG: wire.etag(file_id, version),
+                hdrs.CACHE_CONTROL: IMMUTABLE,
+                hdrs.ACCEPT_RANGES: "bytes",
+            }
+            if rng.partial:
+                headers[hdrs.CONTENT_RANGE] = f"bytes {rng.start}-{rng.stop - 1}/{rng.total}"
+            resp = web.StreamResponse(status=206 if rng.partial else 200, headers=headers)
+            resp.content_length = rng.stop - rng.start
+
+            async def pieces() -> AsyncIterator[bytes]:
+                yield first
+                for i in range(1, framed.pieces):
+                    yield await reader.read_piece(framed, i)
+
+            # Written inside the slot, so each piece counts against the memory bound until
+            # the transport has taken it.
+            await _send(request, resp, pieces(), rng.stop - rng.start)
+        finally:
+            framed.close()
     return resp
 
 
 async def pack(request: web.Request) -> web.StreamResponse:
-    """POST /v1/pack: whole small files, one record each, in request order (no caching:
-    a POST answer is never stored by HTTP caches, and the body names the files)."""
-    items = await _read_pack_request(request)
+    """GET /v2/pack/{dir_id}/{index}/{digest}: the members of one deterministic pack, one
+    record each, in ``wire.plan_packs`` order (immutable: the URL names every member)."""
+    try:
+        dir_id = wire.parse_id(request.match_info["dir_id"])
+        index = wire.parse_pack_index(request.match_info["index"])
+        digest = wire.parse_digest(request.match_info["digest"])
+    except wire.WireError as exc:
+        raise BadPack(str(exc)) from None
     reader = request.app[READER]
-    async with reader.slot():  # one slot: a pack reads at most MAX_RANGE_BYTES, like a range
-        answer = await reader.read_pack(items)
+    async with reader.slot():  # one slot: a pack reads at most PACK_MAX_BYTES of files
+        answer = await reader.read_pack(dir_id, index, digest)
         metrics = request.app[METRICS]
         metrics.pack_files.labels(result="served").inc(answer.served)
         metrics.pack_files.labels(result="gone").inc(answer.gone)
         metrics.pack_file_bytes.inc(answer.file_bytes)
-        resp = web.StreamResponse(headers={hdrs.CONTENT_TYPE: BLOB_MEDIA_TYPE})
+        resp = web.StreamResponse(headers={
+            hdrs.CONTENT_TYPE: BLOB_MEDIA_TYPE,
+            hdrs.ETAG: wire.pack_etag(digest),
+            hdrs.CACHE_CONTROL: IMMUTABLE,
+        })
         resp.content_length = len(answer.body)
-        await _send(request, resp, (answer.body,))
+        await _send(request, resp, _once(answer.body), len(answer.body))
     return resp
 
 
-async def _read_pack_request(request: web.Request) -> list[tuple[int, int]]:
-    """The (file id, version) pairs of a pack request; never reads past the size limit,
-    nor waits longer than the idle timeout for it (a client sending its body slowly)."""
-    limit = wire.MAX_PACK_FILES * wire.PACK_ITEM.size
-    declared = request.content_length
-    body = bytearray()
-    if declared is None or declared <= limit:
-        wait_s = request.app[CONFIG].idle_timeout_s
-        try:
-            async with asyncio.timeout(wait_s):
-                while len(body) <= limit:
-                    chunk = await request.content.read(limit + 1 - len(body))
-                    if not chunk:
-                        break
-                    body += chunk
-        except TimeoutError:
-            raise RequestTimeout(f"the pack body did not arrive within {wait_s:g} s") from None
-    if len(body) > limit or (declared or 0) > limit:
-        raise BadPack(f"a pack asks for at most {wire.MAX_PACK_FILES} files "
-                      f"({limit} bytes of body)")
-    try:
-        return wire.decode_pack_request(bytes(body))
-    except wire.WireError as exc:
-        raise BadPack(str(exc)) from None
+async def old_protocol(request: web.Request) -> web.StreamResponse:
+    """Any /v1/ route: a spoke of protocol v1 learns why, in one line, and reads nothing."""
+    raise ProtocolVersion(f"this hub speaks protocol v{wire.API_VERSION} only, the spoke "
+                          f"asked for v1 ({request.path[:60]}): upgrade spokefs")
+
+
+async def _once(body: bytes) -> AsyncIterator[bytes]:
+    yield body
 
 
 def _parse_id(text: str) -> int:
@@ -172,28 +179,43 @@ _SEND_MIN_RATE = 256_000  # bytes per second
 
 
 async def _send(request: web.Request, resp: web.StreamResponse,
-                chunks: Iterable[bytes | memoryview]) -> None:
-    """Prepare ``resp`` and write ``chunks``; a vanished client just ends the response.
+                chunks: Iterable[bytes | memoryview] | AsyncIterator[bytes],
+                total: int | None = None) -> None:
+    """Prepare ``resp`` and write ``chunks`` (``total`` bytes); a vanished client just ends
+    the response, and so does a file that changed after the first piece (the client, who
+    knows the length to expect, sees a short answer).
 
     A client that reads too slowly is cut off: the answer must be taken within
     ``_SEND_GRACE_S`` plus its size at ``_SEND_MIN_RATE`` (16 MiB in about a minute, far below
     any real link), so a reader that stops reading cannot hold a read slot for long.
     """
-    parts = list(chunks)
-    budget = _SEND_GRACE_S + sum(len(c) for c in parts) / _SEND_MIN_RATE
+    if not isinstance(chunks, AsyncIterator):
+        parts = list(chunks)
+        total = sum(len(c) for c in parts)
+        chunks = _iterate(parts)
+    budget = _SEND_GRACE_S + (total or 0) / _SEND_MIN_RATE
     sent = 0
     try:
         async with asyncio.timeout(budget):
             await resp.prepare(request)
-            for chunk in parts:
+            async for chunk in chunks:
                 await resp.write(chunk)
                 sent += len(chunk)
             await resp.write_eof()
     except ConnectionError as exc:
         log.debug("client went away after %d bytes of %s: %s", sent, request.path, exc)
+    except HubError as exc:  # after the headers: only closing the connection tells the client
+        log.info("answer to %s cut after %d bytes: %s", request.path, sent, exc.detail)
+        if request.transport is not None:
+            request.transport.close()
     except TimeoutError:
         log.debug("client too slow: %d bytes of %s in %.0fs, closing", sent, request.path, budget)
         if request.transport is not None:
             request.transport.close()
     finally:
         request.app[METRICS].bytes_served.labels(route=route_label(request)).inc(sent)
+
+
+async def _iterate(parts: list[bytes | memoryview]) -> AsyncIterator[bytes | memoryview]:
+    for part in parts:
+        yield part

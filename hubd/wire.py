@@ -1,28 +1,87 @@
-"""The hubd <-> spokefs wire protocol, version 1: paths, headers, and the snapshot, pack and
-changes formats.
+"""The hubd <-> spokefs wire protocol, version 2: paths, headers, the framed blob
+representation, deterministic packs, and the snapshot, pack and changes formats.
 
 This module uses the standard library only and is the one hubd module spokefs imports.
 
 Routes (every route but /healthz and /metrics needs the bearer token when one is set):
 
-| request                              | answer                                                   |
-| ------------------------------------ | -------------------------------------------------------- |
-| GET /v1/snapshot                     | 200, the namespace (below), ``SNAPSHOT_MEDIA_TYPE``      |
-| GET /v1/blob/{file_id}/{version}     | 206 + Content-Range (with ``Range``) or 200 (without);   |
-|                                      | 404 unknown file, 412 that version is not on disk (any   |
-|                                      | more, or yet), 416 bad range                             |
-| POST /v1/pack                        | 200, whole small files in one answer (format below)      |
-| GET /v1/changes?since=G              | 200, the changes from generation G to the current one    |
-|                                      | (format below), ``CHANGES_MEDIA_TYPE``; 410              |
-|                                      | ``generation-gone`` if G is unknown or too old (take a   |
-|                                      | snapshot), 400 ``bad-generation`` if G is malformed or   |
-|                                      | newer than the current generation                        |
-| GET /healthz                         | 200 ``ok``                                               |
+| request                                   | answer                                              |
+| ----------------------------------------- | --------------------------------------------------- |
+| GET /v2/snapshot                          | 200, the namespace (below), ``SNAPSHOT_MEDIA_TYPE`` |
+| GET /v2/changes?since=G                   | 200, the changes from generation G to the current   |
+|                                           | one (below), ``CHANGES_MEDIA_TYPE``; 410            |
+|                                           | ``generation-gone`` if G is unknown or too old      |
+|                                           | (take a snapshot), 400 ``bad-generation`` if G is   |
+|                                           | malformed or newer than the current generation      |
+| GET /v2/blob/{file_id}/{version}          | the file's *framed* representation (below): 206 +   |
+|                                           | Content-Range with ``Range``, 200 whole without,    |
+|                                           | whatever the size; 404 unknown file, 412 that       |
+|                                           | version is not on disk (any more, or yet), 416      |
+|                                           | range outside the representation                    |
+| GET /v2/pack/{dir_id}/{index}/{digest}    | 200, pack ``index`` of the directory (below); 404   |
+|                                           | unknown directory, 412 ``stale-version`` when the   |
+|                                           | directory's packs no longer match ``digest``        |
+| GET /v1/... (any path)                    | 400 ``protocol-version``: this hub speaks v2 only   |
+| GET /healthz                              | 200 ``ok``                                          |
 
-``file_id`` and ``version`` are unsigned 64-bit numbers written as 16 lowercase hex digits.
-Blob answers carry ``ETag: "<file_id>-<version>"``, an immutable ``Cache-Control`` (the URL
-names one version, so its bytes never change) and ``X-Spokefs-XXH3``: the xxh3_64 of the
-body, so a spoke can verify bytes end to end before it caches them.
+``file_id``, ``version`` and ``dir_id`` are unsigned 64-bit numbers written as 16 lowercase
+hex digits; ``index`` is decimal; ``digest`` is 16 lowercase hex digits.
+
+Protocol versions: every data route carries the version in its path. A v1 spoke against
+this hub gets 400 ``protocol-version`` ("hub speaks protocol v2 ...") for every v1 route; a
+v2 spoke against a v1 hub gets 404 for ``/v2/snapshot`` and fails its mount with one line
+naming both versions. Neither side can read the other's bytes as its own.
+
+Why a version 2 (a regional HTTP cache between spokes and the hub)
+------------------------------------------------------------------
+
+v1 put the xxh3 of each *answer's body* in a header. An HTTP cache with nginx's slice module
+answers a range from slices it fetched for other ranges and replays the header of one of
+them, so the checksum never matched and the spoke failed the read. v2 makes every byte of
+every answer a pure function of its URL and offset, so any cache may store, split and join
+them, and the spoke still verifies every byte before it stores it:
+
+- **Framed blobs.** A blob URL serves the file as frames: each ``FRAME_DATA_BYTES`` (4 KiB,
+  the spoke cache's block) of data followed by ``FRAME_SUM`` (8 bytes): the xxh3_64 of that
+  data seeded with ``frame_seed(file_id, version, frame index)``; the last frame holds the
+  rest of the file (1 to 4096 bytes) and its sum. A file of ``size`` bytes is
+  ``framed_size(size)`` bytes framed (0.2 % more). The sum travels with its frame, so the
+  first verified byte costs no extra round trip (a separate sums URL would need one, or a
+  hub that reads a whole multi-GiB file before answering), the hub computes the sums while
+  it streams, and a slice that lands at the wrong offset or under the wrong URL fails its
+  seeded sum. The alternative that lost: an immutable per-file sums URL fetched beside the
+  first range (one more request per file, and a whole-file read on the hub before its
+  first answer).
+- **Why 4 KiB frames.** Frames of 64 KiB (the spoke's chunk) would make every random 4 KiB
+  read move 64 KiB, 16 times what it asked for: the cache's per-block presence map exists
+  to avoid exactly that. 4 KiB frames cost 0.2 % of the bytes, and checking them in Python
+  (one seeded xxh3 and one slice per frame) runs at ~3.9 GB/s on one core of the CI
+  machine (framing on the hub at ~2 GB/s): 3 % of a core at 1 Gbit/s.
+- **Slices.** ``SLICE_BYTES`` (256 frames, 1,050,624 bytes of representation, 1 MiB of
+  data) is the grid a tier's cache is configured with (nginx: ``slice 1050624;``). Spokes
+  that read through a tier start and end every range on that grid (or at the end of the
+  representation), so a slice cache serves them from whole cached slices; straight to the
+  hub they use the frame grid (a random 4 KiB read moves 4 KiB, not 1 MiB).
+- **Any size whole.** A blob GET without ``Range`` streams the whole representation (the
+  hub reads and frames it a slice at a time, within one read slot), so a cache can fill
+  itself from a plain GET.
+- **Immutable answers.** Blob and pack answers carry ``Cache-Control: public,
+  max-age=31536000, immutable`` and an ETag (``etag``, ``pack_etag``) that names the
+  content: the URL names one file version (or one list of file versions), so its bytes
+  never change. nginx's slice module refuses slices whose ETags disagree.
+- **Deterministic packs.** Small files are fetched many to a request, as ``GET`` of a URL
+  that every spoke computes alike from the namespace: ``plan_packs`` cuts a directory's
+  regular files of 1 byte to ``PACK_FILE_MAX_BYTES``, in name order (bytes), greedily into
+  packs of at most ``PACK_MAX_BYTES`` and ``MAX_PACK_FILES`` files (a file listed under
+  two names in one directory counts once, under its first name). A pack's URL names the
+  directory, the pack's place in it and ``pack_digest`` of its members' (id, version), so
+  it is immutable; the hub recomputes the directory's packs from its own snapshot and
+  answers 412 when the digest no longer matches (the spoke's namespace is behind or
+  ahead). A spoke fetches a small file through its pack, not alone (only with read-ahead
+  off, ``--no-prefetch``, does a miss fetch just its file, as a blob), so a region's caches
+  see each small file under one URL.
+- **Snapshot and changes** stay uncacheable (``no-cache``: their URLs name no generation);
+  spokes ask the hub itself for them even when they read data through a tier.
 
 Errors are ``{"error": "<machine-readable reason>", "detail": "<one line>"}`` as JSON with a
 4xx status; the reason is also in the ``X-Spokefs-Error`` header.
@@ -30,30 +89,29 @@ Errors are ``{"error": "<machine-readable reason>", "detail": "<one line>"}`` as
 Snapshot format: one zlib stream (RFC 1950) whose plain bytes are
 ``HEADER, ENTRY * count, TRAILER`` (all little endian):
 
-- HEADER  ``<4sHQQQ``: magic ``SPKS``, format version 1, generation, root id, entry count.
+- HEADER  ``<4sHQQQ``: magic ``SPKS``, format version 1 (``FORMAT_VERSION``), generation,
+  root id, entry count.
 - ENTRY   ``<QQIQqIQHH`` then name bytes then target bytes: id, parent id, st_mode, size,
   mtime_ns, nlink, version, name length, target length. The root comes first with parent 0
   and an empty name; every other entry's parent is a directory that came before it, so the
   tree has no cycles. A file with several hard links appears once per link, with one id.
 - TRAILER ``<4sQ``: magic ``SPKE``, entry count again (detects a truncated stream).
 
-Pack (many small files in one round trip; a shuffled pass over small files would otherwise
-cost one RTT per file): the request body is ``<QQ`` (file id, version) per file, at most
-``MAX_PACK_FILES`` of them, ``Content-Type: application/octet-stream``. The answer is, per
-requested file in request order, ``PACK_RECORD`` (file id, version, length, xxh3_64 of the
-bytes) then ``length`` bytes; length ``PACK_GONE`` (-1) means that version is no longer
-current (or the id is unknown) and no bytes follow. The files' sizes must add up to at most
-``MAX_RANGE_BYTES``, else 413 ``pack-too-large``; a malformed body (empty, not whole
-records, more than ``MAX_PACK_FILES`` of them: refused unread) or an id that names a
-directory or a symlink is 400 ``bad-pack``.
+Pack answer (many small files in one round trip; a shuffled pass over small files would
+otherwise cost one RTT per file): per member of the pack, in ``plan_packs`` order,
+``PACK_RECORD`` (file id, version, length, xxh3_64 of the bytes) then ``length`` bytes;
+length ``PACK_GONE`` (-1) means that version is no longer readable on the hub (the file
+changed or went away on disk since the hub's snapshot) and no bytes follow. A member's
+version names its bytes, so a gone version stays gone: the answer may be cached.
 
 Snapshot and changes answers carry ``X-Spokefs-Generation``: the generation they describe.
 
-Changes format (``GET /v1/changes?since=G``, G in decimal): one zlib stream whose plain
+Changes format (``GET /v2/changes?since=G``, G in decimal): one zlib stream whose plain
 bytes are ``HEADER, RECORD * count, TRAILER`` (little endian):
 
-- HEADER  ``<4sHQQQQ``: magic ``SPKC``, format version 1, from generation (G), to
-  generation (the current one), root id, record count. ``from == to`` has no records.
+- HEADER  ``<4sHQQQQ``: magic ``SPKC``, format version 1 (``FORMAT_VERSION``), from
+  generation (G), to generation (the current one), root id, record count. ``from == to``
+  has no records.
 - RECORD  a type byte, then:
   - ``CHANGE_UPSERT`` (1): one ENTRY exactly as in a snapshot (fixed part, name, target).
     It sets the directory entry (parent id, name) to that entry: it creates the name, or
@@ -106,7 +164,7 @@ other; these rules make them interchangeable for a spoke:
   differently, until the next ordinary change. So one number names one tree on every
   replica, except that two different trees of the same newest millisecond may share their
   20 hash bits (about 1 in 10^6).
-- ``/v1/changes?since=G`` is answered only from a generation this hub itself numbered and
+- ``/v2/changes?since=G`` is answered only from a generation this hub itself numbered and
   keeps: a replica that never saw G answers 410 (take a snapshot), never a guess. G newer
   than the hub's own generation is 400 ``bad-generation``: this replica is behind the one
   the spoke last polled (or numbered a tree differently, as above).
@@ -114,13 +172,13 @@ other; these rules make them interchangeable for a spoke:
   snapshot lists that version yet (the disk check, before and after the read, is what
   makes every answer right): a replica one rescan behind its peer serves the versions its
   peer listed, for every file whose path it knows. A file it does not list yet is 404
-  until its next rescan. (A pack still answers ``PACK_GONE`` for a version its snapshot
-  does not list: its size budget is checked before any I/O; a spoke then reads the file by
-  range.)
+  until its next rescan. (A pack is named by its directory's digest, which depends on the
+  listing: a replica whose listing of that directory differs answers 412, and the spoke
+  asks the other hubs, or reads the files alone.)
 - A spoke with several hub URLs (spokefs/hub_origins.py) sends each request to the one in
   use, moves to the next on a connection failure, 5xx or timeout, and probes the first one
   until it can move back; its namespace goes on from the same generation on the new hub.
-  A 400 to ``/v1/changes`` does not take it back in time: it keeps its newer namespace
+  A 400 to ``/v2/changes`` does not take it back in time: it keeps its newer namespace
   (for up to 300 s, then that hub's snapshot). A 404/412 is asked again of every other
   reachable hub, and while a hub is unreachable it is retried within the read's deadline
   (the hub that is up may rescan, the other may return) before it becomes ESTALE.
@@ -128,37 +186,56 @@ other; these rules make them interchangeable for a spoke:
 
 from __future__ import annotations
 
+import hashlib
 import stat
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-API_VERSION = 1
-SNAPSHOT_PATH = "/v1/snapshot"
-BLOB_PATH = "/v1/blob/{file_id}/{version}"
+API_VERSION = 2
+FORMAT_VERSION = 1  # of the snapshot and changes streams, unchanged since protocol v1
+SNAPSHOT_PATH = "/v2/snapshot"
+BLOB_PATH = "/v2/blob/{file_id}/{version}"
+PACK_PATH = "/v2/pack/{dir_id}/{index}/{digest}"
+CHANGES_PATH = "/v2/changes"
+OLD_PATHS = "/v1/{tail:.*}"  # protocol v1's routes, all answered 400 ``protocol-version``
 HEALTH_PATH = "/healthz"
 METRICS_PATH = "/metrics"
 
 SNAPSHOT_MEDIA_TYPE = "application/vnd.spokefs.snapshot.v1+zlib"
-HEADER_CHECKSUM = "X-Spokefs-XXH3"
 HEADER_ERROR = "X-Spokefs-Error"
 HEADER_GENERATION = "X-Spokefs-Generation"
+ERROR_PROTOCOL_VERSION = "protocol-version"
 
-# A spoke asks for at most this many bytes in one range; hubd answers 416 above it, which
-# bounds hubd's memory to max_concurrent_reads x MAX_RANGE_BYTES.
+# A spoke asks for at most this many bytes of data in one range (hubd streams any range,
+# a slice at a time, so this bounds only the spoke's own request and RAM).
 MAX_RANGE_BYTES = 16 * 1024 * 1024
 
-CHANGES_PATH = "/v1/changes"
 CHANGES_MEDIA_TYPE = "application/vnd.spokefs.changes.v1+zlib"
 CHANGE_UPSERT = 1
 CHANGE_REMOVE = 2
 
-PACK_PATH = "/v1/pack"
+# -- framed blobs (see "Why a version 2") --
+FRAME_DATA_BYTES = 4096  # = the spoke cache's block (see "Why 4 KiB frames")
+FRAME_SUM = struct.Struct("<Q")
+FRAME_BYTES = FRAME_DATA_BYTES + FRAME_SUM.size
+SLICE_FRAMES = 256
+SLICE_BYTES = SLICE_FRAMES * FRAME_BYTES  # 1,050,624: a tier's cache slice (nginx `slice`)
+SLICE_DATA_BYTES = SLICE_FRAMES * FRAME_DATA_BYTES  # 1 MiB of file data per slice
+
+# -- deterministic packs --
 MAX_PACK_FILES = 4096
+# File bytes per pack: as spokefs's PrefetchConfig.request_bytes, a little under 4 MiB so a
+# pack and its headers fit one 4 MiB TCP window (one round trip even at 900 ms; 2 MiB packs
+# needed twice the connections, each 1.5 RTT to open). A reader waiting for one member gets
+# it as it streams in, not at the pack's end.
+PACK_MAX_BYTES = 4 * 1024 * 1024 - 256 * 1024
+PACK_FILE_MAX_BYTES = 1024 * 1024  # larger files are read as blobs
 PACK_GONE = -1
 PACK_ITEM = struct.Struct("<QQ")
 PACK_RECORD = struct.Struct("<QQqQ")
+_PACK_DIGEST_BYTES = 8
 
 MIN_FILE_ID = 2  # FUSE reserves inode 1 for the root, 0 is invalid
 U64_MAX = 2**64 - 1
@@ -258,14 +335,130 @@ def blob_path(file_id: int, version: int) -> str:
 
 
 def etag(file_id: int, version: int) -> str:
-    return f'"{format_id(file_id)}-{format_id(version)}"'
+    """The ETag of a blob answer: one file version in the v2 (framed) representation."""
+    return f'"{format_id(file_id)}-{format_id(version)}-f{API_VERSION}"'
+
+
+# -- framed blobs ------------------------------------------------------------------------
+
+
+def framed_size(size: int) -> int:
+    """The length of the framed representation of ``size`` bytes of data; also the framed
+    offset of a data offset that lies on a frame boundary."""
+    return size + -(-size // FRAME_DATA_BYTES) * FRAME_SUM.size
+
+
+def frame_seed(file_id: int, version: int, index: int) -> int:
+    """The xxh3 seed of frame ``index`` of a file version: a frame served at another offset
+    or for another file fails its sum (odd multipliers keep distinct inputs apart)."""
+    return (file_id * 0x9E3779B97F4A7C15 + version * 0xC2B2AE3D27D4EB4F + index) & U64_MAX
+
+
+def frames(framed: bytes | memoryview) -> Iterator[tuple[memoryview, int]]:
+    """``(data, sum)`` of each frame of a framed body that starts on a frame boundary;
+    the last frame may be short (the end of the file).
+
+    Raises:
+        WireError: a frame with no data byte (the body was cut inside a sum).
+    """
+    view = memoryview(framed)
+    unpack = FRAME_SUM.unpack_from
+    for pos in range(0, len(view), FRAME_BYTES):
+        frame = view[pos : pos + FRAME_BYTES]
+        if len(frame) <= FRAME_SUM.size:
+            raise WireError(f"a frame of {len(frame)} bytes has no data")
+        yield frame[: -FRAME_SUM.size], unpack(frame, len(frame) - FRAME_SUM.size)[0]
+
+
+# -- deterministic packs -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PackPlan:
+    """One pack of a directory.
+
+    Attributes:
+        dir_id: the directory.
+        index: the pack's place among the directory's packs.
+        members: ``(file_id, version, size)`` of each file, in name order.
+        digest: ``pack_digest`` of the members.
+    """
+
+    dir_id: int
+    index: int
+    members: tuple[tuple[int, int, int], ...]
+    digest: str
+
+    @property
+    def path(self) -> str:
+        return PACK_PATH.format(dir_id=format_id(self.dir_id), index=self.index,
+                                digest=self.digest)
+
+    @property
+    def file_bytes(self) -> int:
+        return sum(m[2] for m in self.members)
+
+    @property
+    def items(self) -> list[tuple[int, int]]:
+        return [(fid, ver) for fid, ver, _ in self.members]
+
+
+def packable(size: int) -> bool:
+    """Whether a regular file of ``size`` bytes is read through its directory's packs."""
+    return 0 < size <= PACK_FILE_MAX_BYTES
+
+
+def pack_digest(members: Iterable[tuple[int, int, int]]) -> str:
+    data = b"".join(PACK_ITEM.pack(fid, ver) for fid, ver, _ in members)
+    return hashlib.blake2b(data, digest_size=_PACK_DIGEST_BYTES).hexdigest()
+
+
+def pack_etag(digest: str) -> str:
+    return f'"pack-{digest}"'
+
+
+def plan_packs(dir_id: int, files: Iterable[tuple[bytes, int, int, int]]) -> list[PackPlan]:
+    """The packs of a directory, from ``(name, file_id, version, size)`` of its regular files
+    (any order): the packable ones in name order, cut greedily at ``PACK_MAX_BYTES`` and
+    ``MAX_PACK_FILES``. Hub and spokes call this on the same namespace and get the same
+    packs, hence the same URLs."""
+    seen: set[int] = set()
+    packs: list[list[tuple[int, int, int]]] = []
+    current: list[tuple[int, int, int]] = []
+    nbytes = 0
+    for _name, fid, ver, size in sorted(files):
+        if not packable(size) or fid in seen:
+            continue
+        seen.add(fid)
+        if current and (nbytes + size > PACK_MAX_BYTES or len(current) == MAX_PACK_FILES):
+            packs.append(current)
+            current, nbytes = [], 0
+        current.append((fid, ver, size))
+        nbytes += size
+    if current:
+        packs.append(current)
+    return [PackPlan(dir_id, i, tuple(m), pack_digest(m)) for i, m in enumerate(packs)]
+
+
+def parse_pack_index(text: str) -> int:
+    """A pack index from a URL; raises WireError unless it is canonical decimal (no leading
+    zero: one pack, one URL) of at most 10 digits."""
+    if not text.isascii() or not text.isdigit() or len(text) > 10 or text != str(int(text)):
+        raise WireError(f"bad pack index {text[:40]!r}: want a decimal number")
+    return int(text)
+
+
+def parse_digest(text: str) -> str:
+    if len(text) != 2 * _PACK_DIGEST_BYTES or text.strip("0123456789abcdef"):
+        raise WireError(f"bad pack digest {text[:40]!r}: want 16 lowercase hex digits")
+    return text
 
 
 # -- encoding (hubd) ---------------------------------------------------------------------
 
 
 def encode_header(generation: int, root_id: int, count: int) -> bytes:
-    return _HEADER.pack(_MAGIC_HEAD, API_VERSION, generation, root_id, count)
+    return _HEADER.pack(_MAGIC_HEAD, FORMAT_VERSION, generation, root_id, count)
 
 
 def encode_entry(e: Entry) -> bytes:
@@ -309,7 +502,7 @@ def encode_changes(from_generation: int, to_generation: int, root_id: int,
             possibly several records per item; ``count`` records in all.
     """
     comp = zlib.compressobj(level)
-    head = _CHANGES_HEADER.pack(_MAGIC_CHANGES, API_VERSION, from_generation, to_generation,
+    head = _CHANGES_HEADER.pack(_MAGIC_CHANGES, FORMAT_VERSION, from_generation, to_generation,
                                 root_id, count)
     parts = [comp.compress(head)]
     parts.extend(comp.compress(r) for r in records)
@@ -322,17 +515,6 @@ def encode_pack_record(file_id: int, version: int, data: bytes | None, digest: i
     if data is None:
         return PACK_RECORD.pack(file_id, version, PACK_GONE, 0)
     return PACK_RECORD.pack(file_id, version, len(data), digest) + data
-
-
-def encode_pack_request(items: list[tuple[int, int]]) -> bytes:
-    return b"".join(PACK_ITEM.pack(fid, ver) for fid, ver in items)
-
-
-def decode_pack_request(body: bytes) -> list[tuple[int, int]]:
-    """The (file id, version) pairs of a pack request; raises WireError if malformed."""
-    if not body or len(body) % PACK_ITEM.size or len(body) // PACK_ITEM.size > MAX_PACK_FILES:
-        raise WireError(f"a pack body is 1 to {MAX_PACK_FILES} records of {PACK_ITEM.size} bytes")
-    return [PACK_ITEM.unpack_from(body, off) for off in range(0, len(body), PACK_ITEM.size)]
 
 
 def decode_pack(
@@ -603,8 +785,8 @@ class SnapshotDecoder(_StreamDecoder):
 
     def _parse_header(self, buf: bytearray) -> int:
         magic, ver, gen, root, count = _HEADER.unpack_from(buf, 0)
-        if magic != _MAGIC_HEAD or ver != API_VERSION:
-            raise WireError(f"not a v{API_VERSION} snapshot (magic {magic!r}, version {ver})")
+        if magic != _MAGIC_HEAD or ver != FORMAT_VERSION:
+            raise WireError(f"not a v{FORMAT_VERSION} snapshot (magic {magic!r}, version {ver})")
         if count < 1 or count > self._max_items or root < MIN_FILE_ID:
             raise WireError(f"absurd snapshot header: count={count} root={root}")
         self.header = SnapshotHeader(gen, root, count)
@@ -709,8 +891,8 @@ class ChangesDecoder(_StreamDecoder):
 
     def _parse_header(self, buf: bytearray) -> int:
         magic, ver, since, to, root, count = _CHANGES_HEADER.unpack_from(buf, 0)
-        if magic != _MAGIC_CHANGES or ver != API_VERSION:
-            raise WireError(f"not v{API_VERSION} changes (magic {magic!r}, version {ver})")
+        if magic != _MAGIC_CHANGES or ver != FORMAT_VERSION:
+            raise WireError(f"not v{FORMAT_VERSION} changes (magic {magic!r}, version {ver})")
         if (count > self._max_items or root < MIN_FILE_ID or since > to
                 or (since == to and count)):
             raise WireError(f"absurd changes header: from={since} to={to} count={count} "

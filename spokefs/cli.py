@@ -53,20 +53,21 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
-def _hub_url(text: str) -> str:
-    """Validate the hub URL (a mount error, exit 1, like an unreachable hub)."""
+def _hub_url(text: str, what: str = "hub") -> str:
+    """Validate the hub (or tier) URL (a mount error, exit 1, like an unreachable hub)."""
     parts = urlsplit(text)
     if "@" in parts.netloc:
         # a secret in the URL would end up in argv, logs and metrics: never quote it
-        raise UserError("bad hub URL: no user or password in it; put the token in --token-file")
+        raise UserError(f"bad {what} URL: no user or password in it; put the token in "
+                        f"--token-file")
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UserError(f"bad hub URL {text!r}: want http(s)://HOST:PORT")
+        raise UserError(f"bad {what} URL {text!r}: want http(s)://HOST:PORT")
     try:
         parts.port  # noqa: B018 - raises ValueError on a bad port
     except ValueError:
-        raise UserError(f"bad port in hub URL {text!r}") from None
+        raise UserError(f"bad port in {what} URL {text!r}") from None
     if parts.query or parts.fragment:
-        raise UserError(f"bad hub URL {text!r}: no query or fragment allowed")
+        raise UserError(f"bad {what} URL {text!r}: no query or fragment allowed")
     return text.rstrip("/")
 
 
@@ -151,6 +152,10 @@ def _parser() -> argparse.ArgumentParser:
                         "system's roots")
     m.add_argument("--hub", action="append", metavar="URL",
                    help="one more hub replica (repeatable), tried after the others")
+    m.add_argument("--tier", metavar="URL",
+                   help="a regional HTTP cache in front of the hub (deploy/regional): file "
+                        "data is read through it, and from the hub when it fails; the "
+                        "bearer token is sent to it too")
     m.add_argument("--hub-deadline", type=float, default=60.0,
                    help="seconds an uncached read retries before EIO (default 60)")
     m.add_argument("--hub-failover-after", type=float, default=10.0,
@@ -208,6 +213,7 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
         refresh_interval_s=args.refresh_interval,
         prefetch=PrefetchConfig(enabled=not args.no_prefetch),
         open_mode=_open_mode(args.open_mode),
+        tier_url=_hub_url(args.tier, "tier") if args.tier else None,
     )
 
 

@@ -90,6 +90,8 @@ class SpokeConfig:
         kernel_readahead_kib: the mount's kernel read-ahead (see mount.set_kernel_readahead).
         attr_timeout_s: how long the kernel may cache entries and attributes; the export is
             read-only and changes arrive as new generations, so it can be long.
+        tier_url: base URL of a regional HTTP cache in front of the hub (``deploy/regional``),
+            or None: blob and pack requests go there first and to the hub when it fails.
         open_mode: ``kernel`` (the kernel opens files without a request: lookup + reads per
             file; needs our patched pyfuse3) or ``handle`` (an open and a release per file,
             one version per open file); see ``fuse_ops.SpokeOps``.
@@ -116,6 +118,7 @@ class SpokeConfig:
     attr_timeout_s: float = 3600.0
     kernel_readahead_kib: int = 1024
     open_mode: str = "handle"
+    tier_url: str | None = None
     prefetch: PrefetchConfig = PrefetchConfig()
     daemon: bool = False
     log_level: str = "INFO"

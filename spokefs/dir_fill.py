@@ -17,8 +17,10 @@ bytes once and leaves the readers mostly reading what has already arrived.
   every class directory at start and then reads has them all filled from its first miss,
   while ``find`` over a million entries, which reads no file, sets off no fill at all
   (with fills it took five times as long: they listed and fetched every directory it
-  passed). A directory is listed once; its small files (up
-  to ``small_file_bytes``) that are neither cached nor in flight join one FIFO queue.
+  passed). A directory is listed once; its packs (``wire.plan_packs``: its small files in
+  name order, cut at ``wire.PACK_MAX_BYTES``) with a member that is neither cached nor in
+  flight join one FIFO queue. Packs are fixed by the namespace, not sized to the link, so
+  that every spoke of a region asks a regional cache for the same URLs.
 - **Siblings.** When a second subdirectory of one parent is touched, the parent's other
   subdirectories are filled too, behind every touched directory (a second queue). A
   shuffled pass over ``class/file`` trees touches every class early, but its readers, each
@@ -31,10 +33,11 @@ bytes once and leaves the readers mostly reading what has already arrived.
 - **Re-arming.** When a read misses a small file of a directory whose fill has finished (its
   files were evicted since, e.g. in a later epoch over a dataset larger than the cache), the
   directory is queued again; the files still cached are skipped.
-- **Readers first.** A file a reader misses is fetched at once by the reader itself
-  (``fetcher.demand``), whatever the queue holds; the pump skips it later as busy or cached.
+- **Readers first.** A file a reader misses is fetched at once by the reader itself,
+  through its pack (``fetcher.demand_pack``), whatever the queue holds; the pump skips that
+  pack later as busy or cached.
   A file already in a pack on its way is waited for, and is released to its reader the
-  moment its own bytes have streamed in (``fetcher.prefetch_files``), not at the pack's end.
+  moment its own bytes have streamed in (``fetcher.fetch_pack``), not at the pack's end.
 - **Bytes in flight** follow the link: about twice its bandwidth-delay product, the peak
   rate at which bytes arrive from the hub times the round trip (the hub client's shortest
   recent wait for an answer; ``link_model.LinkReach``), within ``[_MIN_INFLIGHT_BYTES,
@@ -42,10 +45,10 @@ bytes once and leaves the readers mostly reading what has already arrived.
   to be at least the assumed link rate (1 Gbit/s): at 900 ms a fill that started from a
   small window and doubled it every round trip would take seconds to fill the link, which
   is the whole cold epoch of a small dataset; on a slower link the extra bytes only queue
-  for a moment. Packs are an eighth of that (at most ``request_bytes``), so several
-  connections share the work; one connection carries at most its TCP window per round
-  trip. ``warm_connections`` says how many connections that takes, for the hub client to
-  keep open.
+  for a moment. Packs are at most ``wire.PACK_MAX_BYTES`` (3.75 MiB), so many connections
+  share the work; one connection carries at most its TCP window per round trip.
+  ``warm_connections`` says how many connections that takes, for the hub client to keep
+  open.
 - **Budget.** Bytes fetched by fills and not yet opened stay under ``budget_bytes`` (half
   the cache): fills never push out more of the cache than readers can use. A fetched file
   leaves the budget when it is opened (or was opened while on its way), or, once the budget
@@ -69,6 +72,7 @@ from typing import Protocol
 
 import trio
 
+from hubd import wire
 from spokefs import metrics
 from spokefs.errors import SpokeError
 from spokefs.fetcher import Fetcher
@@ -82,9 +86,8 @@ _QUEUED_DIRS = 4096
 _LISTERS = 2
 _INITIAL_INFLIGHT_BYTES = 64 << 20  # before anything is measured: 1 Gbit/s x 0.5 s
 _MIN_INFLIGHT_BYTES = 8 << 20
-_MIN_PACK_BYTES = 256 << 10
-_PACK_FILES = 1024  # hubd's limit is 4096 per pack
 _MIN_WARM, _MAX_WARM = 4, 32  # 32 x a 4 MiB window per 900 ms carry ~150 MB/s
+_LATER_PACKS = 64  # sibling packs queued (240 MiB) before the next sibling is listed
 _RECLAIM_SCAN = 256  # unread files checked for eviction when the budget is spent
 _READING_S = 30.0  # a readdir this soon after a read miss fills its directory at once
 _CACHED_STREAK = 4  # sibling directories found cached whole before siblings are left alone
@@ -94,7 +97,7 @@ class DirLister(Protocol):
     """What fills (and the prefetcher's runs of shards) ask the namespace
     (``mount._DirLister``: in a worker thread)."""
 
-    async def files(self, dir_id: int) -> list[FileVersion]: ...
+    async def packs(self, dir_id: int) -> list[wire.PackPlan]: ...
 
     async def siblings(self, dir_id: int) -> tuple[int, list[int]]: ...
 
@@ -119,7 +122,6 @@ class DirFiller:
         model: LinkModel,
         *,
         small_file_bytes: int,
-        request_bytes: int,
         max_inflight_bytes: int,
         budget_bytes: int,
         reach: LinkReach,
@@ -128,14 +130,13 @@ class DirFiller:
         self._lister_ns = lister
         self._model = model
         self._small = small_file_bytes
-        self._request_bytes = request_bytes
         self._max_inflight = max(max_inflight_bytes, _MIN_INFLIGHT_BYTES)
         self._budget = budget_bytes
         self._reach = reach
         self._dirs: OrderedDict[int, _Dir] = OrderedDict()
         self._dirs_tx, self._dirs_rx = trio.open_memory_channel[int](_QUEUED_DIRS)
-        self._queue: deque[tuple[FileVersion, int]] = deque()  # (file, its directory)
-        self._later: deque[tuple[FileVersion, int]] = deque()  # files of sibling directories
+        self._queue: deque[tuple[wire.PackPlan, int]] = deque()  # (pack, its directory)
+        self._later: deque[tuple[wire.PackPlan, int]] = deque()  # packs of sibling directories
         self._touched_children: dict[int, set[int]] = {}  # parent -> touched subdirectories
         self._expanded: set[int] = set()  # parents whose subdirectories were all queued
         self._siblings: deque[int] = deque()  # subdirectories to list when work runs short
@@ -221,7 +222,6 @@ class DirFiller:
     async def _lister(self, dirs: trio.MemoryReceiveChannel[int]) -> None:
         async for dir_id in dirs:
             try:
-                files = await self._lister_ns.files(dir_id)
                 state = self._dirs.get(dir_id)
                 if state is not None and state.touched:
                     await self._expand_parent(dir_id)
@@ -232,18 +232,20 @@ class DirFiller:
             if state is None:
                 continue
             queue = self._queue if state.touched else self._later
-            small = [f for f in files if 0 < f.size <= self._small]
+            plans = await self._lister_ns.packs(dir_id)
             # in a worker thread: after a restart every directory is listed again, and its
             # files' headers, read inline, would hold up the readers
-            cached = await self._fetcher.cache.complete_files(small)
-            for f in small:
-                if f not in cached and not self._fetcher.in_flight(f):
-                    queue.append((f, dir_id))
+            members = [FileVersion(*m) for p in plans for m in p.members]
+            cached = await self._fetcher.cache.complete_files(members)
+            for plan in plans:
+                if any(FileVersion(*m) not in cached and not self._fetcher.in_flight(
+                        FileVersion(*m)) for m in plan.members):
+                    queue.append((plan, dir_id))
                     state.pending += 1
             state.listed = True
             if not state.touched:
                 self._cached_streak = 0 if state.pending else self._cached_streak + 1
-            log.debug("directory fill of %x: %d files queued", dir_id, state.pending)
+            log.debug("directory fill of %x: %d packs queued", dir_id, state.pending)
             self._changed.set()
 
     async def _expand_parent(self, dir_id: int) -> None:
@@ -275,30 +277,23 @@ class DirFiller:
             return _INITIAL_INFLIGHT_BYTES
         return min(self._max_inflight, max(_MIN_INFLIGHT_BYTES, 2 * bdp))
 
-    def _pack_bytes(self, target: int) -> int:
-        return max(_MIN_PACK_BYTES, min(self._request_bytes, target // 8))
-
     def warm_connections(self) -> int:
         """Connections that the bytes in flight need, for the hub client to keep open."""
         target = self._target_inflight()
-        return max(_MIN_WARM, min(_MAX_WARM, -(-target // self._pack_bytes(target))))
+        return max(_MIN_WARM, min(_MAX_WARM, -(-target // wire.PACK_MAX_BYTES)))
 
-    def _next_batch(self, limit_bytes: int) -> tuple[list[tuple[FileVersion, int]], int]:
-        """Files from the head of the queue, up to ``limit_bytes``, skipping those that are
-        cached or in flight by now (a reader fetched them)."""
-        batch: list[tuple[FileVersion, int]] = []
-        nbytes = 0
-        while (queue := self._queue or self._later) and len(batch) < _PACK_FILES:
-            f, dir_id = queue[0]
-            if batch and nbytes + f.size > limit_bytes:
-                break
-            queue.popleft()
-            if self._fetcher.busy_or_cached(f):
-                self._done(dir_id)
-                continue
-            batch.append((f, dir_id))
-            nbytes += f.size
-        return batch, nbytes
+    def _next_pack(self) -> tuple[wire.PackPlan, int, int] | None:
+        """The pack at the head of the queues and its directory, skipping packs whose
+        members are all cached or in flight by now (readers fetched them); with the bytes
+        still to come."""
+        while queue := self._queue or self._later:
+            plan, dir_id = queue.popleft()
+            nbytes = sum(m[2] for m in plan.members
+                         if not self._fetcher.busy_or_cached(FileVersion(*m)))
+            if nbytes:
+                return plan, dir_id, nbytes
+            self._done(dir_id)
+        return None
 
     def _reclaim(self) -> None:
         """Stop counting fetched files that have left the cache unread (evicted): they use
@@ -311,38 +306,38 @@ class DirFiller:
     async def _pump(self, nursery: trio.Nursery) -> None:
         while True:
             target = self._target_inflight()
-            if len(self._later) < _PACK_FILES:
+            if len(self._later) < _LATER_PACKS:
                 self._list_next_sibling()
             queue = self._queue or self._later
-            if queue and self._unread_bytes + queue[0][0].size > self._budget:
+            head = queue[0][0].file_bytes if queue else 0
+            if queue and self._unread_bytes + head > self._budget:
                 self._reclaim()
             room = min(target - self._inflight_bytes, self._budget - self._unread_bytes)
-            pack_bytes = self._pack_bytes(target)
-            if not queue or room < min(pack_bytes, queue[0][0].size):
+            if not queue or room < min(wire.PACK_MAX_BYTES, head):
                 self._changed = trio.Event()
                 with trio.move_on_after(0.25):  # the target follows the link as it is measured
                     await self._changed.wait()
                 continue
             await trio.lowlevel.checkpoint()  # a long queue must not hold the event loop
-            batch, nbytes = self._next_batch(min(pack_bytes, room))
-            if batch:
+            picked = self._next_pack()
+            if picked is not None:
+                plan, dir_id, nbytes = picked
                 self._inflight_bytes += nbytes
-                nursery.start_soon(self._fetch, batch, nbytes)
+                nursery.start_soon(self._fetch, plan, dir_id, nbytes)
 
-    async def _fetch(self, batch: list[tuple[FileVersion, int]], nbytes: int) -> None:
+    async def _fetch(self, plan: wire.PackPlan, dir_id: int, nbytes: int) -> None:
         started = time.monotonic()
-        keys = [(f.file_id, f.version) for f, _ in batch]
+        keys = plan.items
         self._inflight_files.update(keys)
         try:
-            fetched = await self._fetcher.prefetch_files([f for f, _ in batch])
+            fetched = await self._fetcher.fetch_pack(plan)
         except SpokeError as exc:  # a failed prefetch costs nothing but its bytes
             metrics.PREFETCH_ERRORS.inc()
             log.debug("directory fill request failed: %s", exc)
             fetched = []
         finally:
             self._inflight_bytes -= nbytes
-            for _, dir_id in batch:
-                self._done(dir_id)
+            self._done(dir_id)
             self._inflight_files.difference_update(keys)
             self._changed.set()
         got = 0

@@ -1,4 +1,5 @@
-"""Trio-native HTTP client for hubd: the snapshot and range reads of blobs.
+"""Trio-native HTTP client for hubd: the snapshot, framed range reads of blobs, and packs,
+straight from the hub or through a regional tier (an HTTP cache in front of the hub).
 
 Runs on httpx (through anyio's trio backend) with one pooled ``AsyncClient``: keep-alive
 connections, at most ``hub_max_connections`` of them. Every call has a deadline; transient
@@ -7,20 +8,34 @@ retried with capped exponential backoff and full jitter until that deadline, the
 ``HubUnavailable``. Answers that retrying cannot fix map straight to domain errors:
 404/412 -> ``StaleExport``, 401 -> ``HubUnauthorized``, other 4xx -> ``HubProtocolError``.
 
-Replicas (``hub_origins``): each attempt goes to ``HubOrigins.current()``. A transient
-failure is reported there (which moves the mount to the next hub) and the retry goes to
-the new current hub at once, without a backoff pause, as long as this request has not
-tried it yet; once it has tried them all it backs off as with one hub. With several hubs
-an attempt is also bounded by ``failover_after_s``, so a hub that hangs (rather than
-refuses) costs a read that long, not the whole deadline. A 404/412 from one hub is asked
-again of each other reachable hub before it becomes ``StaleExport`` (a replica one rescan
-behind may not list a new file yet). A 400 to ``/v1/changes`` (``since`` newer than the
-hub's generation) is ``HubBehind``: the refresher keeps its namespace for a while.
+Blob answers are framed (``wire.py``, "Why a version 2"): every 4 KiB frame is checked
+against its seeded xxh3 before any byte of the answer is returned, and every pack member
+against the sum in its record, so bytes damaged on the way (or by a cache) are never
+cached; a blob or pack answer is never read past the bytes asked for (a lying hub cannot
+fill memory). A snapshot answer with another content type is a bad snapshot
+(``wire.WireError``). A hub that answers 404 for ``/v2/snapshot`` speaks an older protocol:
+the mount fails with one line naming both versions.
 
-Every blob body is checked against the hub's ``X-Spokefs-XXH3`` before it is returned, so
-bytes damaged on the way are never cached; a blob or pack answer is never read past the
-bytes asked for (a lying hub cannot fill memory). A snapshot answer with another content
-type is a bad snapshot (``wire.WireError``).
+Replicas (``hub_origins``): each hub attempt goes to ``HubOrigins.current()`` (one pooled
+client per hub URL). A transient failure is reported there (which moves the mount to the
+next hub) and the retry goes to the new current hub at once, without a backoff pause, as
+long as this request has not tried it yet; once it has tried them all it backs off as with
+one hub. With several hubs an attempt is also bounded by ``failover_after_s``, so a hub
+that hangs (rather than refuses) costs a read that long, not the whole deadline. A 404/412
+from one hub is asked again of each other reachable hub before it becomes ``StaleExport``
+(a replica one rescan behind may not list a new file yet), and waited on within the
+deadline while another hub is unreachable. A 400 to ``/v2/changes`` (``since`` newer than
+the hub's generation) is ``HubBehind``: the refresher keeps its namespace for a while.
+
+Tier (``tier_url``): blob and pack requests go to the tier first. A transport error, a
+timeout, any status but 200/206, a short or over-long body or a failed checksum there is
+counted (``spokefs_tier_fallbacks_total{reason}``) and the request goes to the hub itself,
+with the hub's retries and deadline; after a transport error or a timeout the tier is left
+alone for ``_TIER_PAUSE_S``. Snapshot and changes always go to the hub: they are not
+cacheable (their URLs name no generation), and a tier would only add a hop. Received
+bytes are counted by origin (``spokefs_fetched_bytes_total{origin}``: ``hub``, or the
+tier's own cache status: ``tier_hit``, ``tier_miss``, ``tier`` when it says none), which
+is what crossed the far link per spoke.
 
 TLS: an ``https://`` hub is verified with the ``ssl.SSLContext`` from the CLI (system roots
 or ``--ca-file``). A certificate that does not verify is not transient: it fails at once
@@ -34,7 +49,7 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import TypeVar
 
@@ -44,6 +59,7 @@ import xxhash
 
 from hubd import wire
 from spokefs import metrics
+from spokefs.bodies import FrameMismatch, decoded, iter_capped, origin_of, read_capped, unframed
 from spokefs.errors import (
     CorruptBlock,
     GenerationGone,
@@ -51,6 +67,7 @@ from spokefs.errors import (
     HubProtocolError,
     HubUnauthorized,
     HubUnavailable,
+    SpokeError,
     StaleExport,
 )
 from spokefs.hub_origins import HubOrigins
@@ -67,6 +84,7 @@ _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})  # 408: our body cam
 # OpenSSL's X509_V_ERR_* for an issuer we do not trust (unknown, missing or self-signed)
 _ISSUER_CODES = frozenset({2, 18, 19, 20, 21})
 _ERROR_BODY_MAX = 64 << 10  # hubd's JSON errors are one line; read them so the connection stays
+_TIER_PAUSE_S = 5.0  # a tier that did not answer is left alone this long, then tried again
 _PROBE_TIMEOUT_S = 5.0  # a /healthz probe of a hub not in use: a few bytes, a few round trips
 
 
@@ -79,10 +97,12 @@ class _Retry(Exception):
 
 
 class HubClient:
-    """One pooled HTTP client for the hub, or for the hub replicas of ``origins``.
+    """One pooled HTTP client for one hub.
 
     Attributes:
-        origins: the hub URLs and the one in use.
+        base_url: the hub URL without a trailing slash.
+        reachable: False after a request failed for a transient reason, True after one
+            succeeded; transitions are logged once, not every failure.
     """
 
     def __init__(
@@ -94,6 +114,7 @@ class HubClient:
         request_timeout_s: float,
         deadline_s: float,
         tls: ssl.SSLContext | None = None,
+        tier_url: str | None = None,
         failover_after_s: float = 10.0,
     ) -> None:
         self.origins = origins if isinstance(origins, HubOrigins) else HubOrigins([origins])
@@ -103,16 +124,25 @@ class HubClient:
         headers = {"User-Agent": "spokefs/0.1", "Accept-Encoding": "identity"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        self._http = httpx.AsyncClient(
-            headers=headers,
-            timeout=httpx.Timeout(request_timeout_s, connect=min(request_timeout_s, 10.0)),
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
-            trust_env=False,  # never route hub traffic through an HTTP_PROXY from the environment
-            follow_redirects=False,
-            verify=tls if tls is not None else True,  # https: system roots by default
-        )
+        def client(url: str) -> httpx.AsyncClient:
+            return httpx.AsyncClient(
+                base_url=url,
+                headers=headers,
+                timeout=httpx.Timeout(request_timeout_s, connect=min(request_timeout_s, 10.0)),
+                limits=httpx.Limits(
+                    max_connections=max_connections, max_keepalive_connections=max_connections
+                ),
+                trust_env=False,  # never route hub traffic through an HTTP_PROXY from the env
+                follow_redirects=False,
+                verify=tls if tls is not None else True,  # https: system roots by default
+            )
+
+        self._hubs = {url: client(url) for url in self.origins.urls}
+        self.tier_url = tier_url.rstrip("/") if tier_url else None
+        self._tier = client(self.tier_url) if self.tier_url else None
+        self._tier_timeout_s = request_timeout_s
+        self._tier_paused_until = 0.0
+        self._tier_ok = True
         self.received_bytes = 0  # answer bytes from the hub so far (all kinds)
         self._waits = WindowedMin()  # answer waits: the round trip is their recent minimum
 
@@ -126,9 +156,16 @@ class HubClient:
         """Whether the hub in use answered its last request (or has not been asked)."""
         return self.origins.reachable(self.origins.current())
 
-    def _received(self, nbytes: int) -> None:
+    @property
+    def align_bytes(self) -> int:
+        """The grid data ranges start and end on: a tier's cache slice (1 MiB of data), or
+        one 4 KiB frame straight to the hub (a random read moves 4 KiB, not 1 MiB)."""
+        return wire.SLICE_DATA_BYTES if self._tier is not None else wire.FRAME_DATA_BYTES
+
+    def _received(self, nbytes: int, origin: str = "hub") -> None:
         self.received_bytes += nbytes
         metrics.LINK_BYTES.inc(nbytes)
+        _FETCHED[origin].inc(nbytes)
 
     @property
     def rtt_s(self) -> float | None:
@@ -146,14 +183,17 @@ class HubClient:
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
-            await self._http.aclose()
+            for http in self._hubs.values():
+                await http.aclose()
+            if self._tier is not None:
+                await self._tier.aclose()
 
     async def fetch_snapshot(self, *, deadline_s: float | None = None) -> bytes:
         """The compressed snapshot, whole (a 1M-entry namespace is tens of MB at most)."""
 
         async def attempt(base: str) -> bytes:
             sent = time.monotonic()
-            async with self._http.stream("GET", base + wire.SNAPSHOT_PATH) as resp:
+            async with self._hubs[base].stream("GET", wire.SNAPSHOT_PATH) as resp:
                 self._waits.append(time.monotonic() - sent)
                 self._check_status(resp, "snapshot")
                 ctype = resp.headers.get("content-type", "")
@@ -178,7 +218,7 @@ class HubClient:
         """
 
         async def attempt(base: str) -> bytes:
-            resp = await self._http.get(base + wire.CHANGES_PATH, params={"since": str(since)})
+            resp = await self._hubs[base].get(wire.CHANGES_PATH, params={"since": str(since)})
             if resp.status_code == 410:
                 metrics.HUB_REQUESTS.labels(kind="changes", status="410").inc()
                 raise GenerationGone(f"hub has no changes since generation {since} (410)")
@@ -194,78 +234,79 @@ class HubClient:
         # `spokefs refresh` for httpx's whole read timeout
         return await self._with_retries("changes", attempt, deadline_s, bound_attempt=True)
 
-    async def fetch_range(self, file_id: int, version: int, start: int, length: int) -> bytes:
-        """Exactly ``length`` bytes of one version of a file, starting at ``start``.
+    async def fetch_frames(self, file_id: int, version: int, size: int,
+                           start: int, stop: int) -> bytes:
+        """Bytes ``[start, stop)`` of one version of a file of ``size`` bytes, verified frame
+        by frame. ``start`` lies on a frame boundary, ``stop`` too or at ``size``.
 
-        The caller clips the range to the file size. Raises StaleExport when the hub no
-        longer has that version, HubUnavailable after the deadline, CorruptBlock when the
-        body fails its checksum on every attempt.
+        Raises StaleExport when the hub no longer has that version, HubUnavailable after
+        the deadline, CorruptBlock when the frames fail their sums on every attempt.
         """
+        assert start % wire.FRAME_DATA_BYTES == 0 and start < stop <= size
+        assert stop % wire.FRAME_DATA_BYTES == 0 or stop == size
         path = wire.blob_path(file_id, version)
-        headers = {"Range": f"bytes={start}-{start + length - 1}"}
+        fstart, fstop = wire.framed_size(start), wire.framed_size(stop)
+        headers = {"Range": f"bytes={fstart}-{fstop - 1}"}
+        first_frame = start // wire.FRAME_DATA_BYTES
 
-        async def attempt(base: str) -> bytes:
+        async def attempt(http: httpx.AsyncClient, origin: str) -> bytes:
             sent = time.monotonic()
-            async with self._http.stream("GET", base + path, headers=headers) as resp:
-                self._waits.append(time.monotonic() - sent)
+            async with http.stream("GET", path, headers=headers) as resp:
+                origin = self._answered(resp, origin, sent)
                 await self._check_streamed(resp, "blob")
-                body = await _read_capped(resp, length)
-            self._received(len(body))
-            if resp.status_code != 206 or len(body) != length:
-                raise HubProtocolError(
-                    f"asked {length} bytes at {start}, got {resp.status_code} with {len(body)}"
-                )
-            want = resp.headers.get(wire.HEADER_CHECKSUM)
-            if want is None:
-                raise HubProtocolError("blob answer without a checksum header")
-            if xxhash.xxh3_64_hexdigest(body) != want:
-                raise _Retry("checksum", f"body of {path} failed its checksum")
-            return body
+                body = await read_capped(resp, fstop - fstart)
+            self._received(len(body), origin)
+            if resp.status_code != 206 or len(body) != fstop - fstart:
+                raise HubProtocolError(f"asked {fstop - fstart} framed bytes at {fstart}, got "
+                                       f"{resp.status_code} with {len(body)}")
+            try:
+                return unframed(body, file_id, version, first_frame)
+            except FrameMismatch as exc:
+                raise _Retry("checksum", str(exc)) from None
 
         try:
-            return await self._with_retries("blob", attempt, None, bound_attempt=True)
+            return await self._data("blob", attempt)
         except HubUnavailable as exc:
             if isinstance(exc.__cause__, _Retry) and exc.__cause__.reason == "checksum":
                 raise CorruptBlock(str(exc)) from exc
             raise
 
     async def fetch_pack(
-        self, items: list[tuple[int, int]],
+        self, plan: wire.PackPlan,
         on_file: Callable[[tuple[int, int], bytes | None], None] | None = None,
     ) -> dict[tuple[int, int], bytes | None]:
-        """Whole small files, ``(file_id, version) -> bytes`` (None: gone on the hub).
+        """The members of one pack, ``(file_id, version) -> bytes`` (None: gone on the hub).
 
         The answer is decoded as it streams: each file is verified against the checksum in
         its record and handed to ``on_file`` the moment its last byte is in, so a reader
-        waiting for one file does not wait for the rest of the pack. A retry asks only for
-        the files not yet handed over.
+        waiting for one file does not wait for the rest of the pack. A retry fetches the
+        pack again (its URL is fixed) and hands over only the files not handed over yet.
+
+        Raises StaleExport when the hub's packs of the directory differ (412: another
+        generation) or the directory is gone (404).
         """
         out: dict[tuple[int, int], bytes | None] = {}
-        remaining = list(items)
+        items = plan.items
+        # members add up to at most PACK_MAX_BYTES, plus one record header each
+        cap = plan.file_bytes + len(items) * wire.PACK_RECORD.size
 
-        async def attempt(base: str) -> dict[tuple[int, int], bytes | None]:
-            if not remaining:  # the link broke after the last file was in
-                return out
-            asked = list(remaining)
-            # hubd answers at most MAX_RANGE_BYTES of files plus one record header per item
-            cap = wire.MAX_RANGE_BYTES + len(asked) * wire.PACK_RECORD.size
-            decoder = wire.PackDecoder(asked)
+        async def attempt(http: httpx.AsyncClient, origin: str) -> dict[
+                tuple[int, int], bytes | None]:
+            decoder = wire.PackDecoder(items)
             sent = time.monotonic()
-            async with self._http.stream(
-                "POST", base + wire.PACK_PATH, content=wire.encode_pack_request(asked),
-                headers={"Content-Type": "application/octet-stream"},
-            ) as resp:
-                self._waits.append(time.monotonic() - sent)
+            async with http.stream("GET", plan.path) as resp:
+                origin = self._answered(resp, origin, sent)
                 await self._check_streamed(resp, "pack")
-                async for piece in _iter_capped(resp, cap):
-                    self._received(len(piece))
-                    for key, rec in _decoded(decoder, piece):
+                async for piece in iter_capped(resp, cap):
+                    self._received(len(piece), origin)
+                    for key, rec in decoded(decoder, piece):
                         if rec is not None and xxhash.xxh3_64_intdigest(rec[0]) != rec[1]:
                             raise _Retry("checksum",
                                          f"file {key[0]:x} in a pack failed its checksum")
+                        if key in out:
+                            continue  # handed over by an earlier attempt
                         data = None if rec is None else rec[0]
                         out[key] = data
-                        remaining.remove(key)
                         if on_file is not None:
                             on_file(key, data)
             try:
@@ -274,7 +315,52 @@ class HubClient:
                 raise HubProtocolError(f"bad pack answer: {exc}") from None
             return out
 
-        return await self._with_retries("pack", attempt, None, bound_attempt=True)
+        return await self._data("pack", attempt)
+
+    def _answered(self, resp: httpx.Response, origin: str, sent: float) -> str:
+        """The answer's origin (``_origin``); its wait counts as a far round trip unless the
+        tier answered from its cache (fills size their bytes in flight by the far link)."""
+        origin = origin_of(resp, origin)
+        if origin != "tier_hit":
+            self._waits.append(time.monotonic() - sent)
+        return origin
+
+    async def _data(
+        self, kind: str, attempt: Callable[[httpx.AsyncClient, str], Awaitable[T]]
+    ) -> T:
+        """One data request: through the tier if there is one and it is not paused, else (or
+        if the tier fails it in any way) from the hub, with retries until the deadline."""
+        if self._tier is not None and time.monotonic() >= self._tier_paused_until:
+            try:
+                with trio.fail_after(self._tier_timeout_s):
+                    result = await attempt(self._tier, "tier")
+            except trio.TooSlowError:
+                self._tier_failed(kind, "timeout", "no answer in time", pause=True)
+            except httpx.TransportError as exc:
+                self._tier_failed(kind, "transport", f"{type(exc).__name__}: {exc}", pause=True)
+            except _Retry as exc:
+                reason = "checksum" if exc.reason == "checksum" else "status"
+                self._tier_failed(kind, reason, str(exc), pause=False)
+            except (HubProtocolError, wire.WireError) as exc:
+                self._tier_failed(kind, "protocol", str(exc), pause=False)
+            except SpokeError as exc:  # 404, 412, 401 and the like from the tier
+                self._tier_failed(kind, "status", str(exc), pause=False)
+            else:
+                if not self._tier_ok:
+                    self._tier_ok = True
+                    log.warning("tier %s serves good answers again", self.tier_url)
+                return result
+        return await self._with_retries(kind, lambda base: attempt(self._hubs[base], "hub"),
+                                        None, bound_attempt=True)
+
+    def _tier_failed(self, kind: str, reason: str, detail: str, *, pause: bool) -> None:
+        metrics.TIER_FALLBACKS.labels(kind=kind, reason=reason).inc()
+        if pause:
+            self._tier_paused_until = time.monotonic() + _TIER_PAUSE_S
+        if self._tier_ok:
+            self._tier_ok = False
+            log.warning("tier %s failed a %s request (%s: %s): reading from the hub %s",
+                        self.tier_url, kind, reason, detail[:200], self.base_url)
 
     async def keep_warm(self, connections: Callable[[], int], interval_s: float) -> None:
         """Keep about ``connections()`` connections to the hub open: a request at once, and
@@ -298,7 +384,7 @@ class HubClient:
 
     async def _touch(self) -> None:
         try:
-            resp = await self._http.get(self.origins.current() + wire.HEALTH_PATH)
+            resp = await self._hubs[self.origins.current()].get(wire.HEALTH_PATH)
             self._received(len(resp.content))
         except httpx.HTTPError:
             pass  # a hub that is away is noticed by real requests
@@ -307,7 +393,7 @@ class HubClient:
         """Whether the hub at ``base`` answers ``GET /healthz`` with 200; never raises."""
         try:
             with trio.fail_after(_PROBE_TIMEOUT_S):
-                resp = await self._http.get(base + wire.HEALTH_PATH)
+                resp = await self._hubs[base].get(wire.HEALTH_PATH)
         except (httpx.HTTPError, trio.TooSlowError):
             return False
         self._received(len(resp.content))
@@ -318,7 +404,7 @@ class HubClient:
         the connection can be reused."""
         if resp.status_code not in (200, 206):
             try:
-                await _read_capped(resp, _ERROR_BODY_MAX)
+                await read_capped(resp, _ERROR_BODY_MAX)
             except HubProtocolError:
                 pass  # an over-long error body: the connection is closed instead
         self._check_status(resp, kind)
@@ -329,6 +415,13 @@ class HubClient:
         if status in (200, 206):
             return
         reason = resp.headers.get(wire.HEADER_ERROR, "") or str(status)
+        if status == 404 and kind == "snapshot":
+            raise HubProtocolError(
+                f"{self.base_url} does not speak protocol v{wire.API_VERSION} (it answered "
+                f"404 for {wire.SNAPSHOT_PATH}): it is an older hubd (protocol v1?); this "
+                f"spokefs needs a hubd of protocol v{wire.API_VERSION}")
+        if reason == wire.ERROR_PROTOCOL_VERSION:
+            raise HubProtocolError(f"hub answered {status} {reason}")
         if status in _RETRY_STATUSES:
             raise _Retry(f"http_{status}", f"hub answered {status} {reason}")
         if status in (404, 412):
@@ -419,31 +512,8 @@ class HubClient:
         return self.origins.current(), min(delay * 2, _BACKOFF_MAX_S)
 
 
-def _decoded(
-    decoder: wire.PackDecoder, piece: bytes
-) -> list[tuple[tuple[int, int], tuple[bytes, int] | None]]:
-    try:
-        return decoder.feed(piece)
-    except wire.WireError as exc:
-        raise HubProtocolError(f"bad pack answer: {exc}") from None
-
-
-async def _iter_capped(resp: httpx.Response, cap: int) -> AsyncIterator[bytes]:
-    """The raw body of a streamed answer piece by piece, at most ``cap`` bytes in all."""
-    declared = resp.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > cap:
-        raise HubProtocolError(f"answer of {declared} bytes, more than the {cap} asked for")
-    received = 0
-    async for piece in resp.aiter_raw():
-        received += len(piece)
-        if received > cap:
-            raise HubProtocolError(f"answer longer than the {cap} bytes asked for")
-        yield piece
-
-
-async def _read_capped(resp: httpx.Response, cap: int) -> bytes:
-    """The raw body of a streamed answer, at most ``cap`` bytes (else HubProtocolError)."""
-    return b"".join([piece async for piece in _iter_capped(resp, cap)])
+_FETCHED = {origin: metrics.FETCHED_BYTES.labels(origin=origin)
+            for origin in ("hub", "tier", "tier_hit", "tier_miss")}
 
 
 def _certificate_failure(exc: BaseException) -> str | None:

@@ -62,7 +62,26 @@ HUB_FAILOVERS = Counter(
 )
 for _reason in ("failed", "preferred"):
     HUB_FAILOVERS.labels(reason=_reason)
-LINK_BYTES = Counter("spokefs_link_bytes_total", "Body bytes received over the far link")
+LINK_BYTES = Counter(
+    "spokefs_link_bytes_total",
+    "Body bytes received from the hub, or from the tier when there is one (what crossed "
+    "the far link: spokefs_fetched_bytes_total{origin=~\"hub|tier_miss\"})",
+)
+FETCHED_BYTES = Counter(
+    "spokefs_fetched_bytes_total",
+    "Data bytes received, by origin: hub (over the far link), tier_hit (from the regional "
+    "tier's cache), tier_miss (the tier fetched them over the far link), tier (no status)",
+    ["origin"],
+)
+TIER_FALLBACKS = Counter(
+    "spokefs_tier_fallbacks_total",
+    "Data requests that failed at the tier and went to the hub, by request kind and reason "
+    "(timeout, transport, status, protocol: a short or malformed answer, checksum)",
+    ["kind", "reason"],
+)
+for _kind in ("blob", "pack"):
+    for _reason in ("timeout", "transport", "status", "protocol", "checksum"):
+        TIER_FALLBACKS.labels(kind=_kind, reason=_reason)
 
 NAMESPACE_ENTRIES = Gauge("spokefs_namespace_entries", "Entries in the replicated namespace")
 NAMESPACE_GENERATION = Gauge("spokefs_namespace_generation", "Generation of the namespace")

@@ -26,6 +26,7 @@ import pyfuse3
 import trio
 from prometheus_client import start_http_server
 
+from hubd import wire
 from spokefs import cachedir
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import SpokeConfig
@@ -78,17 +79,42 @@ class _DirLister:
     last ``_PARENTS_KEPT`` parents are therefore kept per namespace generation, and
     ``siblings`` answers with the parent's whole list (``dir_id`` itself included: fills
     skip directories they track already) instead of a filtered copy.
+
+    The packs of the last ``_PACKS_KEPT`` directories are kept the same way, with an index
+    of their members: a reader's miss on a small file looks its pack up there.
     """
 
     _PARENTS_KEPT = 16
+    _PACKS_KEPT = 1024
 
     def __init__(self, ns: Namespace) -> None:
         self._ns = ns
         self._subdirs: OrderedDict[int, tuple[int, list[int]]] = OrderedDict()
+        self._packs: OrderedDict[int, tuple[int, list[wire.PackPlan],
+                                            dict[int, wire.PackPlan]]] = OrderedDict()
 
-    async def files(self, dir_id: int) -> list[FileVersion]:
-        rows = await trio.to_thread.run_sync(self._ns.dir_files, dir_id)
-        return list(dict.fromkeys(FileVersion(*row) for row in rows))  # hard links once
+    async def packs(self, dir_id: int) -> list[wire.PackPlan]:
+        return (await self._packs_of(dir_id))[0]
+
+    async def pack_of(self, dir_id: int, fv: FileVersion) -> wire.PackPlan | None:
+        plan = (await self._packs_of(dir_id))[1].get(fv.file_id)
+        if plan is None or (fv.file_id, fv.version, fv.size) not in plan.members:
+            return None  # listed elsewhere, or the namespace moved on since the open
+        return plan
+
+    async def _packs_of(self, dir_id: int) -> tuple[list[wire.PackPlan],
+                                                    dict[int, wire.PackPlan]]:
+        generation = self._ns.info.generation if self._ns.info else 0
+        kept = self._packs.get(dir_id)
+        if kept is None or kept[0] != generation:
+            rows = await trio.to_thread.run_sync(self._ns.dir_files_named, dir_id)
+            plans = wire.plan_packs(dir_id, rows)
+            index = {m[0]: p for p in plans for m in p.members}
+            kept = self._packs[dir_id] = (generation, plans, index)
+            if len(self._packs) > self._PACKS_KEPT:
+                self._packs.popitem(last=False)
+        self._packs.move_to_end(dir_id)
+        return kept[1], kept[2]
 
     async def next_file(self, dir_id: int, file_id: int,
                         min_size: int) -> tuple[int, int, int] | None:
@@ -128,7 +154,7 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             HubClient(
                 origins, token=cfg.token, max_connections=cfg.hub_max_connections,
                 request_timeout_s=cfg.hub_request_timeout_s, deadline_s=cfg.hub_deadline_s,
-                tls=cfg.tls, failover_after_s=cfg.hub_failover_after_s,
+                tls=cfg.tls, tier_url=cfg.tier_url, failover_after_s=cfg.hub_failover_after_s,
             )
         )
         ns = Namespace(cfg.cache_dir / "namespace")
@@ -143,19 +169,20 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
         stack.callback(cache.close)
         cachedir.harden(cfg.cache_dir)  # LMDB made its files 0700 under umask 0077: 0600
         fetcher = Fetcher(cache, hub)
+        lister = _DirLister(ns)
         prefetcher = None
         if cfg.prefetch.enabled:
-            prefetcher = Prefetcher(
-                fetcher, _DirLister(ns), cfg.prefetch, cfg.cache_max_bytes
-            )
-        reader = Reader(fetcher, prefetcher, cfg.prefetch.small_file_bytes, cfg.hub_deadline_s)
+            prefetcher = Prefetcher(fetcher, lister, cfg.prefetch, cfg.cache_max_bytes)
+        # --no-prefetch: a miss fetches the file alone, not its pack's other members
+        reader = Reader(fetcher, prefetcher, cfg.prefetch.small_file_bytes, cfg.hub_deadline_s,
+                        packs=lister if prefetcher is not None else None)
         ops = SpokeOps(ns, reader, Control(ns, reader, refresher), cfg)
         try:
             pyfuse3.init(ops, str(cfg.mountpoint), _fuse_options(cfg))
         except RuntimeError as exc:
             raise UserError(f"cannot mount on {cfg.mountpoint}: {exc}") from None
-        log.info("mounted %s at %s (open mode %s)", cfg.hub_source, cfg.mountpoint,
-                 cfg.open_mode)
+        log.info("mounted %s at %s (open mode %s%s)", cfg.hub_source, cfg.mountpoint,
+                 cfg.open_mode, f", data through the tier {cfg.tier_url}" if cfg.tier_url else "")
         set_kernel_readahead(cfg.mountpoint, cfg.kernel_readahead_kib)
         clean = False
         try:
@@ -164,6 +191,7 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
                 nursery.start_soon(_terminate_on_signal)
                 refresher.mounted = True
                 await nursery.start(cache.run)
+                await nursery.start(fetcher.run)
                 await nursery.start(refresher.run)
                 if origins.several:
                     await nursery.start(origins.watch_preferred, hub.probe)

@@ -29,7 +29,7 @@ from spokefs import cli
 VALUE_OPTIONS = frozenset({
     "cache_dir", "cache_size", "token_file", "ca_file", "metrics_port", "metrics_addr",
     "hub_deadline", "mount_deadline", "refresh_interval", "log_file", "log_level", "uid",
-    "gid", "hub_failover_after",
+    "gid", "tier", "hub_failover_after",
 })
 FLAG_OPTIONS = frozenset({"no_prefetch"})
 REQUIRED = ("cache_dir", "cache_size")
@@ -42,7 +42,7 @@ GENERIC_OPTIONS = frozenset({
     "nolazytime", "allow_other", "default_permissions",
 })
 _USAGE = ("usage: mount.spokefs HUB_URL[,HUB_URL...] DIR -o cache_dir=D,cache_size=SIZE["
-          ",token_file=F,ca_file=F,metrics_port=P,metrics_addr=A,hub_deadline=S,"
+          ",token_file=F,ca_file=F,tier=URL,metrics_port=P,metrics_addr=A,hub_deadline=S,"
           "hub_failover_after=S,mount_deadline=S,refresh_interval=S,log_file=F,log_level=L,"
           "uid=N,gid=N,no_prefetch]")
 

@@ -490,6 +490,28 @@ class Namespace:
         return [(fid, version, size) for fid, mode, size, version in self._children(dir_id)
                 if mode & 0o170000 == stat.S_IFREG]
 
+    def dir_files_named(self, dir_id: int) -> list[tuple[bytes, int, int, int]]:
+        """``(name, file_id, version, size)`` of the regular files in a directory: what
+        ``wire.plan_packs`` takes. Blocking for a large directory: callers run it in a
+        thread."""
+        prefix = _ID.pack(dir_id)
+        unpack_attr = _ATTR.unpack_from
+        out = []
+        with self._env.begin() as txn:
+            cur = txn.cursor(db=self._dpos)
+            if not cur.set_range(prefix):
+                return out
+            get, attr_db = txn.get, self._attr
+            for key, value in cur:
+                if key[:8] != prefix:
+                    break
+                raw = get(value[:8], db=attr_db)
+                if raw is not None:
+                    mode, size, _, _, version, _ = unpack_attr(raw)
+                    if mode & 0o170000 == stat.S_IFREG:
+                        out.append((bytes(value[8:]), _ID.unpack_from(value)[0], version, size))
+        return out
+
     def next_file(self, dir_id: int, file_id: int, min_size: int) -> tuple[int, int, int] | None:
         """``(file_id, version, size)`` of the first regular file of at least ``min_size``
         bytes after ``file_id``'s name in a directory, in name (byte) order; None if there is

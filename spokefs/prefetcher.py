@@ -99,7 +99,7 @@ class Prefetcher:
         self._lister = lister
         self.dirs = DirFiller(
             fetcher, lister, self.model, small_file_bytes=cfg.small_file_bytes,
-            request_bytes=cfg.request_bytes, max_inflight_bytes=cfg.max_inflight_bytes,
+            max_inflight_bytes=cfg.max_inflight_bytes,
             budget_bytes=cache_max_bytes // 2, reach=self.reach,
         )
         self._ahead: OrderedDict[FileVersion, Stream] = OrderedDict()  # successors unopened

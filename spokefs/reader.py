@@ -4,7 +4,8 @@ the missing blocks (``fetcher``, single-flight) and read again; tell the prefetc
 reader is, before waiting on anything, so read-ahead overlaps the demand fetch.
 
 A small file (up to ``small_file_bytes``) is fetched whole on its first miss: one round trip
-instead of one per kernel read.
+instead of one per kernel read; one that belongs in a pack (``wire.packable``) comes with
+its pack (``fetcher.demand_pack``), so each small file has one URL for a regional cache.
 
 A read that misses waits at most ``deadline_s`` (the hub deadline) in all, then fails with
 ``HubUnavailable`` (EIO): waiting for someone else's fetch of the same chunk (a prefetch) that
@@ -15,10 +16,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
+from hubd import wire
 from spokefs import metrics
 from spokefs.cache.block_cache import ORIGINS, CacheStats, ReadResult
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS
@@ -61,12 +63,19 @@ class Stream:
     seeking: bool = False
 
 
+class PackFinder(Protocol):
+    """Where a small file's pack is (``mount._DirLister``)."""
+
+    async def pack_of(self, dir_id: int, fv: FileVersion) -> wire.PackPlan | None: ...
+
+
 class Reader:
     """Serves reads of open streams from the block cache, filling it from the hub."""
 
     def __init__(self, fetcher: Fetcher, prefetcher: Prefetcher | None, small_file_bytes: int,
-                 deadline_s: float | None = None):
+                 deadline_s: float | None = None, packs: PackFinder | None = None):
         self._fetcher = fetcher
+        self._packs = packs
         self._cache = fetcher.cache
         self._prefetcher = prefetcher
         self._small = small_file_bytes
@@ -116,7 +125,7 @@ class Reader:
         if data is None:
             if self._prefetcher is not None:
                 self._prefetcher.on_miss(stream)
-            data = await self._fill_within_deadline(fv, offset, end, found.missing)
+            data = await self._fill_within_deadline(stream, offset, end, found.missing)
         first, last = offset // BLOCK_SIZE, (end - 1) // BLOCK_SIZE
         self._fetcher.note_used(fv, first, last)
         _account(len(data), found.by_origin, last - first + 1, len(found.missing),
@@ -133,17 +142,27 @@ class Reader:
         return found
 
     async def _fill_within_deadline(
-        self, fv: FileVersion, offset: int, end: int, missing: list[int]
+        self, stream: Stream, offset: int, end: int, missing: list[int]
     ) -> bytes:
         if self._deadline_s is None:
-            return await self._fill(fv, offset, end, missing)
+            return await self._fill(stream, offset, end, missing)
         with trio.move_on_after(self._deadline_s):
-            return await self._fill(fv, offset, end, missing)
+            return await self._fill(stream, offset, end, missing)
         raise HubUnavailable(f"blocks not fetched within the hub deadline "
                              f"({self._deadline_s:g}s)")
 
-    async def _fill(self, fv: FileVersion, offset: int, end: int, missing: list[int]) -> bytes:
+    async def _fill(self, stream: Stream, offset: int, end: int, missing: list[int]) -> bytes:
         """Fetch (or wait for others' fetches of) the missing blocks, then read again."""
+        fv = stream.fv
+        plan = None
+        if self._packs is not None and wire.packable(fv.size) and fv.size <= self._small:
+            plan = await self._packs.pack_of(stream.parent_id, fv)
+        if plan is not None:
+            while True:
+                await self._fetcher.demand_pack(plan, fv)
+                found = await self._look(fv, offset, end, record=False)
+                if found.data is not None:
+                    return found.data
         if fv.size <= self._small:  # a small file comes whole, in one round trip
             present = self._cache.present_chunks_now(fv, 0, fv.chunks() - 1)
             wanted = set(missing)

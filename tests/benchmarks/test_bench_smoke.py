@@ -116,6 +116,22 @@ def test_bench_longlink_smoke(tmp_path: Path) -> None:
 
 @pytest.mark.fuse
 @pytest.mark.slow
+def test_bench_tier_smoke(tmp_path: Path) -> None:
+    from tests.helpers.tier import nginx_skip_reason
+    if (reason := nginx_skip_reason()) is not None:
+        pytest.skip(reason)
+    record = run_script("bench_tier.py", tmp_path, "--smoke", "--work-dir",
+                        str(tmp_path / "work"), timeout_s=240)
+    check_grades(record)
+    far = record["figures"]["far_ratio"]
+    # at the emulator: three spokes straight carry the data set three times, through nginx once
+    assert far["three"]["median"] >= 2.9, far
+    assert 1.0 <= far["three_tier"]["median"] <= 1.05, far
+    assert {g["key"] for g in record["grades"]} == {"far_ratio", "throughput_ratio"}
+
+
+@pytest.mark.fuse
+@pytest.mark.slow
 def test_bench_replicas_smoke(tmp_path: Path) -> None:
     record = run_script("bench_replicas.py", tmp_path, "--smoke", "--work-dir",
                         str(tmp_path / "work"))

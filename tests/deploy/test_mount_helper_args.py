@@ -62,12 +62,26 @@ def test_every_value_option_is_a_spokefs_flag() -> None:
                "metrics_port=9200", "metrics_addr=10.0.0.7", "hub_deadline=120",
                "mount_deadline=10", "refresh_interval=300", "log_file=/var/log/s.log",
                "log_level=DEBUG", "uid=1000", "gid=1000", "no_prefetch",
-               "hub_failover_after=5"]
+               "hub_failover_after=5", "tier=http://tier.region:8700"]
     args = spokefs_args(options, sloppy=False)
     parsed = cli._parser().parse_args(["mount", "http://h:1", "/m", *args])
     assert parsed.hub_failover_after == 5.0
     assert parsed.metrics_port == 9200 and parsed.no_prefetch and parsed.uid == 1000
     assert parsed.refresh_interval == 300.0 and parsed.log_level == "DEBUG"
+    assert parsed.tier == "http://tier.region:8700"
+
+
+@pytest.mark.parametrize(("tier", "error"), [
+    ("tier.region:8700", "bad tier URL 'tier.region:8700': want http(s)://HOST:PORT"),
+    ("http://user:pw@tier:1", "bad tier URL: no user or password in it"),
+    ("http://tier:99999", "bad port in tier URL"),
+])
+def test_a_bad_tier_url_is_one_clear_line(tier: str, error: str, tmp_path) -> None:
+    parsed = cli._parser().parse_args(["mount", "http://h:1", str(tmp_path), "--cache-dir",
+                                       str(tmp_path / "c"), "--cache-size", "1G",
+                                       "--tier", tier])
+    with pytest.raises(cli.UserError, match=error.replace("(", r"\(").replace(")", r"\)")):
+        cli._config(parsed)
 
 
 @pytest.mark.parametrize("generic", [

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import xxhash
+
 from hubd import wire
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -199,3 +201,20 @@ def paths_of(entries: list[wire.Entry]) -> dict[bytes, wire.Entry]:
             dir_paths[e.file_id] = path
     return out
 
+
+
+def framed(data: bytes, file_id: int, version: int) -> bytes:
+    """The framed representation of a file version (wire.py, "Why a version 2"), built
+    independently of hubd's own code."""
+    out = bytearray()
+    for index, pos in enumerate(range(0, len(data), wire.FRAME_DATA_BYTES)):
+        chunk = data[pos : pos + wire.FRAME_DATA_BYTES]
+        out += chunk
+        out += xxhash.xxh3_64_intdigest(chunk, wire.frame_seed(file_id, version, index)).to_bytes(
+            8, "little")
+    return bytes(out)
+
+
+def unframed(body: bytes) -> bytes:
+    """The data of a framed body that starts on a frame boundary (sums not checked)."""
+    return b"".join(bytes(chunk) for chunk, _ in wire.frames(body))

@@ -17,7 +17,7 @@ from hubd.export_root import ExportRoot
 from hubd.metrics import HubMetrics
 from hubd.range_reader import RangeReader
 from hubd.routes import READER
-from tests.hubd.hubd_testlib import Tree, paths_of
+from tests.hubd.hubd_testlib import Tree, paths_of, unframed
 
 Check = Callable[[TestClient, ExportRoot], Awaitable[None]]
 
@@ -46,7 +46,7 @@ def test_a_bug_is_logged_and_answered_503_not_500(
     def broken(*args: object) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(RangeReader, "_read_sync", broken)
+    monkeypatch.setattr(RangeReader, "_open_framed_sync", broken)
 
     async def check(client: TestClient, export: ExportRoot) -> None:
         assert export.snapshot is not None
@@ -73,7 +73,7 @@ def test_no_free_read_slot_is_503_overloaded(tree: Tree) -> None:
             assert resp.status == 503 and resp.headers[wire.HEADER_ERROR] == "overloaded"
             assert resp.headers["Retry-After"] == "1"
         resp = await client.get(wire.blob_path(plain.file_id, plain.version))
-        assert resp.status == 200 and await resp.read() == b"hello world\n"
+        assert resp.status == 200 and unframed(await resp.read()) == b"hello world\n"
         assert reader.in_flight == 0
 
     run_app(tree, check, max_concurrent_reads=1, read_wait_s=0.05)

@@ -22,13 +22,20 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 import xxhash
 
 from hubd import wire
 from tests.hubd.hubd_testlib import (
-    DATA, Hub, Tree, decode_snapshot, paths_of, start_hub_process,
+    DATA,
+    Hub,
+    Tree,
+    decode_snapshot,
+    framed,
+    paths_of,
+    start_hub_process,
 )
 
 SEED = 20261202
@@ -230,20 +237,19 @@ def hostile_range(rng: random.Random, size: int) -> str:
 def make_range(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]:
     entry = target.data
     path = wire.blob_path(entry.file_id, entry.version)
+    want = framed(DATA, entry.file_id, entry.version)
 
     def check(reply: Reply, where: str) -> None:
         assert reply.status in (200, 206, 400, 416), where
         if reply.status == 206:
             first, last = (int(x) for x in reply.headers["content-range"]
                            .removeprefix("bytes ").split("/")[0].split("-"))
-            assert reply.body == DATA[first : last + 1], where
-            assert reply.headers[wire.HEADER_CHECKSUM.lower()] == xxhash.xxh3_64_hexdigest(
-                reply.body), where
+            assert reply.body == want[first : last + 1], where
         elif reply.status == 200:
-            assert reply.body == DATA, where
+            assert reply.body == want, where
 
     def make(rng: random.Random) -> tuple[bytes, Check]:
-        value = hostile_range(rng, len(DATA))
+        value = hostile_range(rng, len(want))
         raw = request("GET", path, {"Range": value})
         if rng.random() < 0.1:  # the header twice
             raw = raw.replace(b"\r\n\r\n", b"\r\nRange: bytes=0-1\r\n\r\n")
@@ -280,20 +286,19 @@ def make_ids(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]:
     def check(reply: Reply, where: str) -> None:
         assert reply.status in (200, 206, 400, 404, 405, 412, 416), where
         if reply.status in (200, 206):
-            assert reply.headers[wire.HEADER_CHECKSUM.lower()] == xxhash.xxh3_64_hexdigest(
-                reply.body), where
+            assert len(reply.body) == int(reply.headers["content-length"]), where
 
     def make(rng: random.Random) -> tuple[bytes, Check]:
         good = rng.choice(files)
         fid = hostile_id(rng, good.file_id)
         ver = hostile_id(rng, good.version if rng.random() < 0.5 else entry.version)
         headers = {"Range": "bytes=0-99"} if rng.random() < 0.5 else {}
-        return request("GET", f"/v1/blob/{fid}/{ver}", headers), check
+        return request("GET", f"/v2/blob/{fid}/{ver}", headers), check
 
     return make
 
 
-SEGMENTS = ["..", "%2e%2e", "%2E%2E", ".%2e", ".", "%2e", "", "etc", "passwd", "%00", "%2f", "v1",
+SEGMENTS = ["..", "%2e%2e", "%2E%2E", ".%2e", ".", "%2e", "", "etc", "passwd", "%00", "%2f", "v2",
             "blob", "snapshot", "changes", "pack", "%ff", "~", "outside", "secret.txt", "..;",
             "%252e%252e", "\\..", "..%5c", "%c0%ae%c0%ae", "healthz", "metrics"]
 
@@ -301,7 +306,8 @@ SEGMENTS = ["..", "%2e%2e", "%2E%2E", ".%2e", ".", "%2e", "", "etc", "passwd", "
 def make_paths(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]:
     entry = target.data
     blob = wire.blob_path(entry.file_id, entry.version)
-    prefixes = ["", "/", "/v1", "/v1/blob", blob, "/v1/snapshot", "/v1/changes", "//", "/./"]
+    prefixes = ["", "/", "/v1", "/v2", "/v2/blob", "/v2/pack", blob, "/v2/snapshot",
+                "/v2/changes", "/v1/blob", "//", "/./"]
 
     def make(rng: random.Random) -> tuple[bytes, Check]:
         kind = rng.randrange(6)
@@ -309,18 +315,20 @@ def make_paths(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]
             segs = [rng.choice(SEGMENTS) for _ in range(rng.randrange(1, 12))]
             target_ = rng.choice(prefixes) + "/" + "/".join(segs)
         elif kind == 3:  # very long paths (past 8190 bytes: aiohttp's 400)
-            target_ = "/v1/blob/" + "a/" * rng.choice([100, 1000, 4000, 5000])
+            target_ = "/v2/blob/" + "a/" * rng.choice([100, 1000, 4000, 5000])
         elif kind == 4:  # query strings on every route
             since = rng.choice(["", "0", "-1", "x", "1" * 30, str(2**64), "%00", "1&since=2"])
-            target_ = rng.choice(["/v1/changes", "/v1/snapshot", blob]) + f"?since={since}"
+            target_ = rng.choice(["/v2/changes", "/v2/snapshot", blob]) + f"?since={since}"
         else:
-            target_ = rng.choice(["http://evil/v1/snapshot", "*", "/v1/blob/../../etc/passwd",
-                                  "/v1/blob/%2e%2e/%2e%2e/etc/passwd", "//v1//snapshot",
-                                  "/v1/blob/..%2f..%2f..%2fetc%2fpasswd", "/%2e%2e/%2e%2e/etc",
-                                  "/v1/snapshot/", "/V1/SNAPSHOT", "/v1/snapshot%00",
-                                  "/healthz/../v1/snapshot", "/metrics/../v1/snapshot"])
+            target_ = rng.choice(["http://evil/v2/snapshot", "*", "/v2/blob/../../etc/passwd",
+                                  "/v2/blob/%2e%2e/%2e%2e/etc/passwd", "//v2//snapshot",
+                                  "/v2/blob/..%2f..%2f..%2fetc%2fpasswd", "/%2e%2e/%2e%2e/etc",
+                                  "/v2/snapshot/", "/V2/SNAPSHOT", "/v2/snapshot%00",
+                                  "/healthz/../v2/snapshot", "/metrics/../v2/snapshot",
+                                  "/v2/pack/../../etc/passwd", "/v1/snapshot"])
         method = rng.choice(["GET", "GET", "HEAD", "POST"])
-        return request(method, target_), status_in(200, 400, 404, 405, 410, 411, 413, 416)
+        return request(method, target_), status_in(200, 400, 404, 405, 410, 411, 412, 413,
+                                                   416)
 
     return make
 
@@ -386,49 +394,46 @@ def make_http(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]:
 
 
 def make_pack(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]:
-    files = [e for e in target.entries.values() if not e.is_dir and not e.is_symlink]
-    dirs = [e for e in target.entries.values() if e.is_dir]
-    by_key = {(e.file_id, e.version): e for e in files}
-
-    def item(rng: random.Random) -> tuple[int, int]:
-        e = rng.choice(files)
-        kind = rng.randrange(5)
-        if kind == 0:
-            return e.file_id, e.version
-        if kind == 1:
-            return e.file_id, rng.getrandbits(64)
-        if kind == 2:
-            return rng.choice(dirs).file_id, 0
-        return rng.getrandbits(64), rng.getrandbits(64)
+    entries = list(target.entries.values())
+    dirs = [e for e in entries if e.is_dir]
+    plans = {p.path: p for d in dirs for p in wire.plan_packs(
+        d.file_id, [(e.name, e.file_id, e.version, e.size) for e in entries
+                    if e.parent_id == d.file_id and not e.is_dir and not e.is_symlink])}
+    by_key = {(e.file_id, e.version): e for e in entries}
 
     def make(rng: random.Random) -> tuple[bytes, Check]:
+        plan = rng.choice(list(plans.values()))
         kind = rng.randrange(4)
-        if kind == 0:  # random bytes
-            body = rng.randbytes(rng.choice([0, 1, 15, 17, 100, 4096, 65536, 65537, 70000]))
-        elif kind == 1:  # too many records
-            body = wire.encode_pack_request([(2, 2)] * rng.choice([4097, 5000]))
+        index = rng.choice(["0", "1", "00", "-0", "+1", "4294967296", "9" * 12, "x", "", "%30"])
+        digest = rng.choice([plan.digest, plan.digest.upper(), plan.digest[:-1], "0" * 16,
+                             plan.digest + "0", "%00" * 8, ""])
+        if kind == 0:
+            path = plan.path
+        elif kind == 1:  # hostile dir ids
+            path = f"/v2/pack/{hostile_id(rng, plan.dir_id)}/{plan.index}/{plan.digest}"
         else:
-            body = wire.encode_pack_request([item(rng) for _ in range(rng.randrange(1, 50))])
+            path = f"/v2/pack/{wire.format_id(plan.dir_id)}/{index}/{digest}"
 
         def check(reply: Reply, where: str) -> None:
-            assert reply.status in (200, 400, 413), where
+            assert reply.status in (200, 400, 404, 412), where
             if reply.status == 200:
-                answer = wire.decode_pack(reply.body, wire.decode_pack_request(body))
+                good = plans[unquote(path)]  # %30 is "0" to the hub
+                answer = wire.decode_pack(reply.body, good.items)
                 for key, rec in answer.items():
-                    if rec is not None:
-                        assert rec[1] == xxhash.xxh3_64_intdigest(rec[0]), where
-                        assert len(rec[0]) == by_key[key].size, where
+                    assert rec is not None, where
+                    assert rec[1] == xxhash.xxh3_64_intdigest(rec[0]), where
+                    assert len(rec[0]) == by_key[key].size, where
 
-        return request("POST", wire.PACK_PATH, {"Content-Type": "application/octet-stream"},
-                       body), check
+        return request("GET", path), check
 
     return make
 
 
 def make_auth(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]:
     entry = target.data
-    paths = [wire.SNAPSHOT_PATH, wire.blob_path(entry.file_id, entry.version), wire.PACK_PATH,
-             f"{wire.CHANGES_PATH}?since=0", "/no/such/route", "/v1/blob/x/y"]
+    pack = f"/v2/pack/{wire.format_id(entry.parent_id)}/0/{'0' * 16}"
+    paths = [wire.SNAPSHOT_PATH, wire.blob_path(entry.file_id, entry.version), pack,
+             f"{wire.CHANGES_PATH}?since=0", "/no/such/route", "/v2/blob/x/y", "/v1/blob/x/y"]
 
     def make(rng: random.Random) -> tuple[bytes, Check]:
         kind = rng.randrange(8)
@@ -440,8 +445,6 @@ def make_auth(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]:
         value = values[kind]
         headers = {} if value is None else {"Authorization": value}
         path = rng.choice(paths)
-        method = "POST" if path == wire.PACK_PATH else "GET"
-        body = wire.encode_pack_request([(2, 2)]) if method == "POST" else b""
 
         def check(reply: Reply, where: str) -> None:
             if kind == 1:
@@ -453,7 +456,7 @@ def make_auth(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]:
                 return
             assert reply.status == 401, where
 
-        return request(method, path, headers, body), check
+        return request("GET", path, headers), check
 
     return make
 

@@ -1,4 +1,5 @@
-"""End to end against a real hubd child: the snapshot and every blob status."""
+"""End to end against a real hubd child: the snapshot and every blob status (blobs in the
+framed representation of protocol v2)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,20 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import xxhash
 
 from hubd import wire
 from tests.hubd.hubd_testlib import (
-    DATA, ODD_NAMES, Answer, Hub, Tree, build_tree, decode_snapshot, paths_of, start_hub_process,
+    DATA,
+    ODD_NAMES,
+    Answer,
+    Hub,
+    Tree,
+    build_tree,
+    decode_snapshot,
+    framed,
+    paths_of,
+    start_hub_process,
+    unframed,
 )
 
 CACHE_CONTROL = "public, max-age=31536000, immutable"
@@ -59,53 +69,61 @@ def test_readiness_line_and_snapshot(served: tuple[Hub, Tree, dict]) -> None:
 
 
 def test_range_reads(served: tuple[Hub, Tree, dict]) -> None:
+    """Any range of the framed representation is those bytes, whatever range was asked:
+    the same bytes a cache would cut from slices it holds."""
     hub, _, paths = served
     data = paths[b"sub/deeper/data.bin"]
-    for rng, start, stop in [("bytes=0-9", 0, 10), ("bytes=100000-", 100000, len(DATA)),
-                             ("bytes=-300", len(DATA) - 300, len(DATA)),
-                             ("bytes=5-999999999", 5, len(DATA))]:
+    want = framed(DATA, data.file_id, data.version)
+    total = len(want)
+    assert total == wire.framed_size(len(DATA))
+    for rng, start, stop in [("bytes=0-9", 0, 10), ("bytes=100000-", 100000, total),
+                             ("bytes=-300", total - 300, total),
+                             ("bytes=5-999999999", 5, total),
+                             (f"bytes={wire.FRAME_BYTES - 3}-{wire.FRAME_BYTES + 9}",
+                              wire.FRAME_BYTES - 3, wire.FRAME_BYTES + 10)]:
         answer = blob(hub, data, rng)
         assert answer.status == 206, answer
-        assert answer.body == DATA[start:stop]
-        assert answer.header("Content-Range") == f"bytes {start}-{stop - 1}/{len(DATA)}"
+        assert answer.body == want[start:stop]
+        assert answer.header("Content-Range") == f"bytes {start}-{stop - 1}/{total}"
         assert answer.header("Content-Length") == str(stop - start)
         assert answer.header("ETag") == wire.etag(data.file_id, data.version)
         assert answer.header("Cache-Control") == CACHE_CONTROL
         assert answer.header("Accept-Ranges") == "bytes"
-        assert answer.header(wire.HEADER_CHECKSUM) == xxhash.xxh3_64_hexdigest(answer.body)
+        assert answer.header("X-Spokefs-XXH3") is None  # v1's per-answer sum is gone
 
 
-def test_whole_small_files_without_range(served: tuple[Hub, Tree, dict]) -> None:
+def test_whole_files_without_range_whatever_their_size(served: tuple[Hub, Tree, dict]) -> None:
     hub, _, paths = served
-    answer = blob(hub, paths[b"sub/deeper/data.bin"])
-    assert answer.status == 200 and answer.body == DATA and answer.header("Content-Range") is None
-    assert answer.header(wire.HEADER_CHECKSUM) == xxhash.xxh3_64_hexdigest(DATA)
+    data = paths[b"sub/deeper/data.bin"]
+    answer = blob(hub, data)
+    assert answer.status == 200 and answer.header("Content-Range") is None
+    assert answer.body == framed(DATA, data.file_id, data.version)
     for name in ODD_NAMES:
-        assert blob(hub, paths[name]).body == name
-    assert blob(hub, paths[b"dir\xff\n/inner"]).body == b"inner"
+        assert unframed(blob(hub, paths[name]).body) == name
+    assert unframed(blob(hub, paths[b"dir\xff\n/inner"]).body) == b"inner"
     empty = blob(hub, paths[b"empty"])
     assert (empty.status, empty.body) == (200, b"")
-    assert empty.header(wire.HEADER_CHECKSUM) == xxhash.xxh3_64_hexdigest(b"")
+    big = paths[b"big.bin"]  # over MAX_RANGE_BYTES: streamed a slice at a time
+    assert big.size > wire.MAX_RANGE_BYTES
+    whole = blob(hub, big)
+    assert whole.status == 200 and len(whole.body) == wire.framed_size(big.size)
+    assert whole.body == framed(bytes(big.size), big.file_id, big.version)
 
 
 def test_unsatisfiable_ranges(served: tuple[Hub, Tree, dict]) -> None:
     hub, _, paths = served
-    data, big, empty = paths[b"sub/deeper/data.bin"], paths[b"big.bin"], paths[b"empty"]
+    data, empty = paths[b"sub/deeper/data.bin"], paths[b"empty"]
+    total = wire.framed_size(len(DATA))
     for entry, rng, reason in [
-        (data, f"bytes={len(DATA)}-", "range-not-satisfiable"),
+        (data, f"bytes={total}-", "range-not-satisfiable"),
         (data, "bytes=-0", "range-not-satisfiable"),
         (empty, "bytes=0-", "range-not-satisfiable"),
-        (big, None, "range-too-large"),
-        (big, "bytes=0-", "range-too-large"),
-        (big, f"bytes=0-{wire.MAX_RANGE_BYTES}", "range-too-large"),
         (data, "bytes=0-1,4-5", "multiple-ranges"),
     ]:
         answer = blob(hub, entry, rng)
         assert_error(answer, 416, reason)
         if reason != "multiple-ranges":
-            assert answer.header("Content-Range") == f"bytes */{entry.size}"
-    answer = blob(hub, big, f"bytes=1-{wire.MAX_RANGE_BYTES}")  # exactly the limit is fine
-    assert answer.status == 206 and answer.body == bytes(wire.MAX_RANGE_BYTES)
+            assert answer.header("Content-Range") == f"bytes */{wire.framed_size(entry.size)}"
 
 
 def test_bad_requests(served: tuple[Hub, Tree, dict]) -> None:
@@ -116,8 +134,20 @@ def test_bad_requests(served: tuple[Hub, Tree, dict]) -> None:
         assert_error(blob(hub, data, rng), 400, "bad-range")
     good = wire.format_id(data.version)
     for fid in ["0123", "ABCDEF0123456789", "zzzzzzzzzzzzzzzz", "0" * 17]:
-        assert_error(hub.request(f"/v1/blob/{fid}/{good}"), 400, "bad-id")
-    assert_error(hub.request(f"/v1/blob/{wire.format_id(data.file_id)}/xyz"), 400, "bad-id")
+        assert_error(hub.request(f"/v2/blob/{fid}/{good}"), 400, "bad-id")
+    assert_error(hub.request(f"/v2/blob/{wire.format_id(data.file_id)}/xyz"), 400, "bad-id")
+
+
+def test_old_protocol_routes_answer_a_version_error(served: tuple[Hub, Tree, dict]) -> None:
+    """A spoke of protocol v1 gets one clear reason, never bytes it would misread."""
+    hub, _, paths = served
+    data = paths[b"sub/deeper/data.bin"]
+    fid, ver = wire.format_id(data.file_id), wire.format_id(data.version)
+    for path, method in [("/v1/snapshot", "GET"), ("/v1/changes?since=1", "GET"),
+                         (f"/v1/blob/{fid}/{ver}", "GET"), ("/v1/pack", "POST")]:
+        answer = hub.request(path, method=method)
+        assert_error(answer, 400, "protocol-version")
+        assert "v2" in json.loads(answer.body)["detail"]
 
 
 def test_unknown_and_stale(served: tuple[Hub, Tree, dict]) -> None:
@@ -134,15 +164,15 @@ def test_other_routes(served: tuple[Hub, Tree, dict]) -> None:
     health = hub.request(wire.HEALTH_PATH)
     assert (health.status, health.body) == (200, b"ok")
     assert hub.request(wire.HEALTH_PATH, method="HEAD").status == 200
-    assert_error(hub.request("/v1/nothing"), 404, "not-found")
+    assert_error(hub.request("/v2/nothing"), 404, "not-found")
     assert_error(hub.request(wire.SNAPSHOT_PATH, method="POST"), 405, "method-not-allowed")
     assert_error(hub.request(wire.blob_path(1, 1), method="DELETE"), 405, "method-not-allowed")
     metrics = hub.request(wire.METRICS_PATH)
     assert metrics.status == 200
     text = metrics.body.decode()
-    for needle in ['hubd_requests_total{route="/v1/snapshot",status="200"}',
+    for needle in ['hubd_requests_total{route="/v2/snapshot",status="200"}',
                    'hubd_requests_total{route="unmatched",status="404"}',
-                   "hubd_request_seconds_bucket", 'hubd_bytes_served_total{route="/v1/blob',
+                   "hubd_request_seconds_bucket", 'hubd_bytes_served_total{route="/v2/blob',
                    "hubd_snapshot_entries", "hubd_snapshot_generation", "hubd_scan_seconds",
                    "hubd_reads_in_flight 0.0"]:
         assert needle in text, needle
@@ -152,13 +182,14 @@ def test_parallel_ranges(served: tuple[Hub, Tree, dict]) -> None:
     """Many ranges at once, each client on its own connection, all correct."""
     hub, _, paths = served
     data = paths[b"sub/deeper/data.bin"]
+    want = framed(DATA, data.file_id, data.version)
 
     def fetch(i: int) -> bool:
         one = Hub(hub.proc, hub.url, hub.ready_line, hub.stderr_path)
         try:
-            start = (i * 997) % len(DATA)
+            start = (i * 997) % len(want)
             answer = blob(one, data, f"bytes={start}-{start + 9999}")
-            return answer.status == 206 and answer.body == DATA[start : start + 10000]
+            return answer.status == 206 and answer.body == want[start : start + 10000]
         finally:
             one.close_conn()
 

@@ -1,11 +1,13 @@
-"""POST /v1/pack in-process (aiohttp's test client): records, gone items, limits, auth."""
+"""GET /v2/pack in-process (aiohttp's test client): deterministic packs of a directory,
+gone members, stale and unknown packs, auth; and ``wire.plan_packs`` itself."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+import random
+from collections.abc import Awaitable, Callable
 
 import xxhash
 from aiohttp import ClientResponse
@@ -16,21 +18,21 @@ from hubd.app import make_app
 from hubd.config import HubConfig
 from hubd.export_root import ExportRoot
 from hubd.metrics import HubMetrics
-from tests.hubd.hubd_testlib import DATA, ODD_NAMES, Tree, paths_of
+from tests.hubd.hubd_testlib import DATA, Tree, paths_of
 
-Check = Callable[[TestClient, dict[bytes, wire.Entry]], Awaitable[None]]
-OCTETS = {"Content-Type": "application/octet-stream"}
+Check = Callable[[TestClient, dict[bytes, wire.Entry], list[wire.Entry]], Awaitable[None]]
 
 
 def run_pack(tree: Tree, check: Check, token: bytes | None = None) -> None:
-    """Serve ``tree`` in-process; ``check(client, paths)`` with paths of the first scan."""
+    """Serve ``tree`` in-process; ``check(client, paths, entries)`` with the first scan."""
     export = ExportRoot(str(tree.root))
     snap = export.rescan()
     config = HubConfig(root=str(tree.root), host="127.0.0.1", port=0, token=token)
 
     async def main() -> None:
         async with TestClient(TestServer(make_app(config, export, HubMetrics()))) as client:
-            await check(client, paths_of(list(snap.entries)))
+            entries = list(snap.entries)
+            await check(client, paths_of(entries), entries)
 
     try:
         asyncio.run(main())
@@ -38,21 +40,19 @@ def run_pack(tree: Tree, check: Check, token: bytes | None = None) -> None:
         export.close()
 
 
-def item(entry: wire.Entry, version: int | None = None) -> tuple[int, int]:
-    return entry.file_id, entry.version if version is None else version
+def plans_of(entries: list[wire.Entry], dir_id: int) -> list[wire.PackPlan]:
+    """The packs of a directory as a spoke computes them from its snapshot."""
+    return wire.plan_packs(dir_id, [(e.name, e.file_id, e.version, e.size) for e in entries
+                                    if e.parent_id == dir_id and not e.is_dir
+                                    and not e.is_symlink])
 
 
-async def post(client: TestClient, items: list[tuple[int, int]] | bytes,
-               headers: dict[str, str] | None = None) -> ClientResponse:
-    body = items if isinstance(items, bytes) else wire.encode_pack_request(items)
-    return await client.post(wire.PACK_PATH, data=body, headers={**OCTETS, **(headers or {})})
-
-
-async def decoded(resp: ClientResponse, items: list[tuple[int, int]]) -> dict:
+async def decoded(resp: ClientResponse, plan: wire.PackPlan) -> dict:
     assert resp.status == 200, await resp.text()
     assert resp.headers["Content-Type"] == "application/octet-stream"
-    assert "Cache-Control" not in resp.headers and "ETag" not in resp.headers
-    out = wire.decode_pack(await resp.read(), items)
+    assert resp.headers["Cache-Control"] == "public, max-age=31536000, immutable"
+    assert resp.headers["ETag"] == wire.pack_etag(plan.digest)
+    out = wire.decode_pack(await resp.read(), plan.items)
     for value in out.values():
         if value is not None:
             data, digest = value
@@ -66,93 +66,104 @@ async def assert_error(resp: ClientResponse, status: int, reason: str) -> None:
     assert json.loads(await resp.read())["error"] == reason
 
 
-def test_pack_of_small_files(tree: Tree) -> None:
-    async def check(client: TestClient, paths: dict[bytes, wire.Entry]) -> None:
-        names = [b"plain.txt", *ODD_NAMES, b"dir\xff\n/inner", b"empty",
-                 b"sub/deeper/data.bin", b"hard1", b"sub/hard2", b"plain.txt"]
-        items = [item(paths[name]) for name in names]
-        got = await decoded(await post(client, items), items)
-        want = {b"plain.txt": b"hello world\n", b"dir\xff\n/inner": b"inner", b"empty": b"",
-                b"sub/deeper/data.bin": DATA, b"hard1": b"linked twice\n",
-                **{name: name for name in ODD_NAMES}}
-        for name, key in zip(names, items, strict=True):
-            assert got[key] == want.get(name, b"linked twice\n"), name
+def test_packs_of_a_directory(tree: Tree) -> None:
+    async def check(client: TestClient, paths: dict[bytes, wire.Entry],
+                    entries: list[wire.Entry]) -> None:
+        root, deeper = paths[b""], paths[b"sub/deeper"]
+        plans = plans_of(entries, root.file_id)
+        assert len(plans) == 1
+        members = {m[0] for m in plans[0].members}
+        assert paths[b"plain.txt"].file_id in members and paths[b"hard1"].file_id in members
+        assert paths[b"big.bin"].file_id not in members  # over PACK_FILE_MAX_BYTES: a blob
+        assert paths[b"empty"].file_id not in members  # nothing to fetch
+        got = await decoded(await client.get(plans[0].path), plans[0])
+        assert got[(paths[b"plain.txt"].file_id, paths[b"plain.txt"].version)] == \
+            b"hello world\n"
+        assert got[(paths[b"hard1"].file_id, paths[b"hard1"].version)] == b"linked twice\n"
+        (plan,) = plans_of(entries, deeper.file_id)
+        data = paths[b"sub/deeper/data.bin"]
+        assert await decoded(await client.get(plan.path), plan) == {
+            (data.file_id, data.version): DATA}
         metrics = (await (await client.get(wire.METRICS_PATH)).read()).decode()
-        assert f'hubd_pack_files_total{{result="served"}} {len(items)}.0' in metrics
+        served = len(plans[0].members) + 1
+        assert f'hubd_pack_files_total{{result="served"}} {served}.0' in metrics
         assert 'hubd_pack_files_total{result="gone"} 0.0' in metrics
-        total = sum(len(want.get(n, b"linked twice\n")) for n in names)
-        assert f"hubd_pack_file_bytes_total {total}.0" in metrics
-        assert 'hubd_requests_total{route="/v1/pack",status="200"} 1.0' in metrics
+        assert f"hubd_pack_file_bytes_total {plans[0].file_bytes + len(DATA)}.0" in metrics
+        route = "/v2/pack/{dir_id}/{index}/{digest}"
+        assert f'hubd_requests_total{{route="{route}",status="200"}} 2.0' in metrics
 
     run_pack(tree, check)
 
 
-def test_gone_items_keep_their_place(tree: Tree) -> None:
-    async def check(client: TestClient, paths: dict[bytes, wire.Entry]) -> None:
-        plain, data, inner = paths[b"plain.txt"], paths[b"sub/deeper/data.bin"], paths[b"hard1"]
+def test_gone_members_keep_their_place(tree: Tree) -> None:
+    async def check(client: TestClient, paths: dict[bytes, wire.Entry],
+                    entries: list[wire.Entry]) -> None:
+        (plan,) = plans_of(entries, paths[b""].file_id)
         with open(tree.root / "hard1", "ab") as f:  # changed on disk since the scan
             f.write(b"more")
-        os.unlink(tree.root / "sub" / "deeper" / "data.bin")  # gone from disk
-        items = [(123456789, 1), item(plain, plain.version ^ 1), item(plain), item(data),
-                 item(inner), item(paths[b"empty"])]
-        got = await decoded(await post(client, items), items)
-        assert got == {items[0]: None, items[1]: None, items[2]: b"hello world\n",
-                       items[3]: None, items[4]: None, items[5]: b""}
+        os.unlink(tree.root / "plain.txt")  # gone from disk
+        got = await decoded(await client.get(plan.path), plan)
+        gone = {paths[b"hard1"].file_id, paths[b"plain.txt"].file_id}
+        for (fid, _), data in got.items():
+            assert (data is None) == (fid in gone)
         metrics = (await (await client.get(wire.METRICS_PATH)).read()).decode()
-        assert 'hubd_pack_files_total{result="gone"} 4.0' in metrics
+        assert 'hubd_pack_files_total{result="gone"} 2.0' in metrics
 
     run_pack(tree, check)
 
 
-def test_directories_and_symlinks_are_bad_packs(tree: Tree) -> None:
-    async def check(client: TestClient, paths: dict[bytes, wire.Entry]) -> None:
-        for name in (b"", b"sub", b"link_in"):
-            items = [item(paths[b"plain.txt"]), item(paths[name])]
-            await assert_error(await post(client, items), 400, "bad-pack")
-
-    run_pack(tree, check)
-
-
-def test_packs_larger_than_a_range_are_refused(tree: Tree) -> None:
-    async def check(client: TestClient, paths: dict[bytes, wire.Entry]) -> None:
-        big, plain = paths[b"big.bin"], paths[b"plain.txt"]
-        await assert_error(await post(client, [item(plain), item(big)]), 413, "pack-too-large")
-        # An old version of the big file is not read, so it does not count.
-        items = [item(plain), item(big, big.version ^ 1)]
-        assert await decoded(await post(client, items), items) == {
-            items[0]: b"hello world\n", items[1]: None}
-
-    run_pack(tree, check)
-
-
-def test_malformed_bodies(tree: Tree) -> None:
-    async def check(client: TestClient, paths: dict[bytes, wire.Entry]) -> None:
-        one = wire.encode_pack_request([item(paths[b"plain.txt"])])
-        limit = wire.MAX_PACK_FILES * wire.PACK_ITEM.size
-        for body in (b"", one[:-1], one + b"x", bytes(limit + 16), bytes(10 * limit)):
-            await assert_error(await post(client, body), 400, "bad-pack")
-
-        async def chunks() -> AsyncIterator[bytes]:  # no Content-Length: chunked
-            for _ in range(100):
-                yield bytes(limit // 8)
-
-        resp = await client.post(wire.PACK_PATH, data=chunks(), headers=OCTETS)
-        await assert_error(resp, 400, "bad-pack")
-        most = [(2 + i, 1) for i in range(wire.MAX_PACK_FILES)]  # the limit itself is fine
-        got = await decoded(await post(client, most), most)
-        assert len(got) == wire.MAX_PACK_FILES and set(got.values()) == {None}
-        assert (await client.get(wire.PACK_PATH)).status == 405
+def test_stale_unknown_and_malformed_packs(tree: Tree) -> None:
+    async def check(client: TestClient, paths: dict[bytes, wire.Entry],
+                    entries: list[wire.Entry]) -> None:
+        (plan,) = plans_of(entries, paths[b""].file_id)
+        root = wire.format_id(plan.dir_id)
+        other = "0" * 16 if plan.digest != "0" * 16 else "1" * 16
+        await assert_error(await client.get(f"/v2/pack/{root}/0/{other}"), 412, "stale-version")
+        await assert_error(await client.get(f"/v2/pack/{root}/1/{plan.digest}"), 412,
+                           "stale-version")
+        for not_a_dir in (123456789, paths[b"plain.txt"].file_id):
+            path = f"/v2/pack/{wire.format_id(not_a_dir)}/0/{plan.digest}"
+            await assert_error(await client.get(path), 404, "unknown-file")
+        for bad in (f"/v2/pack/{root}/x/{plan.digest}", f"/v2/pack/{root}/-1/{plan.digest}",
+                    f"/v2/pack/{root}/0/{plan.digest[:-1]}", f"/v2/pack/{root}/0/ABCDEF0123456789",
+                    f"/v2/pack/{root[:-1]}/0/{plan.digest}", f"/v2/pack/{root}/{'9' * 11}/"
+                    f"{plan.digest}"):
+            await assert_error(await client.get(bad), 400, "bad-pack")
+        assert (await client.post(plan.path)).status == 405
 
     run_pack(tree, check)
 
 
 def test_pack_needs_the_token(tree: Tree) -> None:
-    async def check(client: TestClient, paths: dict[bytes, wire.Entry]) -> None:
-        items = [item(paths[b"plain.txt"])]
-        await assert_error(await post(client, items), 401, "unauthorized")
-        await assert_error(await post(client, items, {"Authorization": "Bearer nope"}),
+    async def check(client: TestClient, paths: dict[bytes, wire.Entry],
+                    entries: list[wire.Entry]) -> None:
+        (plan,) = plans_of(entries, paths[b""].file_id)
+        await assert_error(await client.get(plan.path), 401, "unauthorized")
+        await assert_error(await client.get(plan.path, headers={"Authorization": "Bearer no"}),
                            401, "unauthorized")
-        resp = await post(client, items, {"Authorization": "Bearer tok"})
-        assert await decoded(resp, items) == {items[0]: b"hello world\n"}
+        resp = await client.get(plan.path, headers={"Authorization": "Bearer tok"})
+        assert len(await decoded(resp, plan)) == len(plan.members)
 
     run_pack(tree, check, token=b"tok")
+
+
+def test_plan_packs_is_a_pure_function_of_the_directory() -> None:
+    """Name order, packable sizes only, a hard link once, cut at the byte and file limits;
+    the same packs whatever order the listing comes in."""
+    q = wire.PACK_MAX_BYTES // 4  # four of them fill a pack exactly
+    assert q <= wire.PACK_FILE_MAX_BYTES
+    files = [(b"b", 10, 1, q), (b"a", 11, 1, q), (b"d", 15, 1, q), (b"c", 16, 1, q),
+             (b"e", 12, 1, 1),  # one byte more than a pack: cut
+             (b"big", 13, 1, wire.PACK_FILE_MAX_BYTES + 1), (b"empty", 14, 1, 0),
+             (b"z-link", 11, 1, q)]  # another name of file 11
+    plans = wire.plan_packs(7, files)
+    assert [p.members for p in plans] == [((11, 1, q), (10, 1, q), (16, 1, q), (15, 1, q)),
+                                          ((12, 1, 1),)]
+    assert [p.index for p in plans] == [0, 1]
+    assert plans[0].path == f"/v2/pack/{wire.format_id(7)}/0/{plans[0].digest}"
+    shuffled = list(files)
+    random.Random(1).shuffle(shuffled)
+    assert wire.plan_packs(7, shuffled) == plans
+    assert wire.plan_packs(7, [(b"a", 11, 2, q), *files[:1]])[0].digest != plans[0].digest
+    many = [(b"%06d" % i, 100 + i, 1, 1) for i in range(wire.MAX_PACK_FILES + 1)]
+    assert [len(p.members) for p in wire.plan_packs(7, many)] == [wire.MAX_PACK_FILES, 1]

@@ -16,7 +16,14 @@ from hubd import wire
 from hubd.export_root import Rescan, ScanCancelled
 from hubd.metrics import HubMetrics
 from hubd.rescanner import Rescanner
-from tests.hubd.hubd_testlib import Answer, Hub, Tree, decode_snapshot, paths_of
+from tests.hubd.hubd_testlib import (
+    Answer,
+    Hub,
+    Tree,
+    decode_snapshot,
+    paths_of,
+    unframed,
+)
 from tests.hubd.test_hubd_changes import apply, decode_changes, keyed, mutate
 
 StartHub = Callable[..., Hub]
@@ -77,7 +84,7 @@ def test_sighup_rescans_and_changes_replay(tree: Tree, start_hub: StartHub) -> N
                                                               second.generation)
     assert apply(keyed(old_entries), first.root_id, records) == keyed(new_entries)
     new = paths_of(new_entries)[b"new.txt"]  # the new generation's files are served
-    assert hub.request(wire.blob_path(new.file_id, new.version)).body == b"new"
+    assert unframed(hub.request(wire.blob_path(new.file_id, new.version)).body) == b"new"
     hub.proc.send_signal(signal.SIGHUP)  # nothing changed: the generation stays
     wait_for_log(hub, "unchanged", 1)
     assert snapshot(hub)[0].generation == second.generation

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from hubd import wire
 from hubd.export_root import file_id_of, version_of
-from tests.hubd.hubd_testlib import DATA, Answer, Hub, Tree, decode_snapshot, paths_of
+from tests.hubd.hubd_testlib import (
+    DATA, Answer, Hub, Tree, decode_snapshot, paths_of, unframed,
+)
 
 StartHub = Callable[..., Hub]
 
@@ -28,7 +30,8 @@ def test_changed_file_is_stale_and_gone_file_unknown(tree: Tree, start_hub: Star
     hub = start_hub(tree.root)
     paths = snapshot_paths(hub)
     plain, data = paths[b"plain.txt"], paths[b"sub/deeper/data.bin"]
-    assert hub.request(wire.blob_path(plain.file_id, plain.version)).body == b"hello world\n"
+    url = wire.blob_path(plain.file_id, plain.version)
+    assert unframed(hub.request(url).body) == b"hello world\n"
     with open(tree.root / "plain.txt", "ab") as f:
         f.write(b"changed")
     assert reason(hub.request(wire.blob_path(plain.file_id, plain.version))) == (
@@ -37,7 +40,7 @@ def test_changed_file_is_stale_and_gone_file_unknown(tree: Tree, start_hub: Star
     # The snapshot (until a rescan) knows only the old version, but the disk has the new
     # one: served, as a replica one rescan behind its peer must (wire.py, "Replicas").
     answer = hub.request(wire.blob_path(plain.file_id, new_version))
-    assert (answer.status, answer.body) == (200, b"hello world\nchanged")
+    assert (answer.status, unframed(answer.body)) == (200, b"hello world\nchanged")
     (tree.root / "late.txt").write_bytes(b"created after the scan")
     st = os.stat(tree.root / "late.txt")
     assert reason(hub.request(wire.blob_path(file_id_of(st), version_of(st)))) == (
@@ -83,7 +86,8 @@ def test_token_guards_everything_but_health_and_metrics(
             assert json.loads(answer.body)["error"] == "unauthorized"
     paths = snapshot_paths(hub, good)
     plain = paths[b"plain.txt"]
-    assert hub.request(wire.blob_path(plain.file_id, plain.version), good).body == b"hello world\n"
+    assert unframed(hub.request(wire.blob_path(plain.file_id, plain.version), good).body) == (
+        b"hello world\n")
     assert reason(hub.request("/no/such/route", good)) == (404, "not-found")
     assert hub.request(wire.HEALTH_PATH).status == 200
     assert hub.request(wire.METRICS_PATH).status == 200

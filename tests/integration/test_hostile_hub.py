@@ -1,11 +1,11 @@
 """A hostile or broken hub cannot crash, mislead or fill a spoke.
 
-A fake hub (``http.server`` in a thread of this process) serves crafted ``/v1/snapshot``
+A fake hub (``http.server`` in a thread of this process) serves crafted ``/v2/snapshot``
 bytes, built with ``hubd.wire``'s encoders or by hand. ``spokefs mount`` must refuse each
 one with one line ``spokefs: error: the hub at URL sent a bad snapshot: ...``, exit 1, no
-traceback, nothing mounted. Then a hub that lies about a blob's checksum: reads fail with
-EIO and never return its bytes, and nothing bad is cached (once the hub tells the truth,
-the same read returns the right bytes).
+traceback, nothing mounted. Then a hub that lies about a file's checksums (a frame's sum in
+its blob, the sum in its pack record): reads fail with EIO and never return its bytes, and
+nothing bad is cached (once the hub tells the truth, the same read returns the right bytes).
 """
 
 from __future__ import annotations
@@ -98,9 +98,19 @@ HOSTILE: dict[str, tuple[bytes | Callable[[], bytes], str, str]] = {
 }
 
 
+def framed_file() -> bytes:
+    """FILE_BYTES (file 3, version 1) in the framed representation of protocol v2."""
+    out = bytearray()
+    for i, pos in enumerate(range(0, len(FILE_BYTES), wire.FRAME_DATA_BYTES)):
+        chunk = FILE_BYTES[pos : pos + wire.FRAME_DATA_BYTES]
+        out += chunk + wire.FRAME_SUM.pack(
+            xxhash.xxh3_64_intdigest(chunk, wire.frame_seed(3, 1, i)))
+    return bytes(out)
+
+
 class FakeHub:
-    """A tiny hub whose answers the test sets: ``snapshot``, ``content_type`` and a blob
-    route that can lie about the checksum (``lie``)."""
+    """A tiny hub whose answers the test sets: ``snapshot``, ``content_type``, and blob and
+    pack routes that can lie about the checksums (``lie``)."""
 
     def __init__(self) -> None:
         self.snapshot = GOOD
@@ -117,11 +127,17 @@ class FakeHub:
                 elif self.path == wire.blob_path(3, 1):
                     hub.blob_requests += 1
                     first, last = map(int, self.headers["Range"].removeprefix("bytes=").split("-"))
-                    body = FILE_BYTES[first : last + 1]
-                    digest = xxhash.xxh3_64_hexdigest(body + b"!" if hub.lie else body)
-                    self._send(206, body, {
-                        "Content-Type": "application/octet-stream", wire.HEADER_CHECKSUM: digest,
-                        "Content-Range": f"bytes {first}-{last}/{len(FILE_BYTES)}"})
+                    framed = bytearray(framed_file())
+                    if hub.lie:
+                        framed[5] ^= 1  # a data byte: its frame's sum no longer matches
+                    self._send(206, bytes(framed[first : last + 1]), {
+                        "Content-Type": "application/octet-stream",
+                        "Content-Range": f"bytes {first}-{last}/{len(framed)}"})
+                elif self.path.startswith("/v2/pack/"):
+                    hub.blob_requests += 1
+                    digest = xxhash.xxh3_64_intdigest(FILE_BYTES) + (1 if hub.lie else 0)
+                    self._send(200, wire.encode_pack_record(3, 1, FILE_BYTES, digest % 2**64),
+                               {"Content-Type": "application/octet-stream"})
                 else:
                     self._send(404, b'{"error": "not-found"}', {wire.HEADER_ERROR: "not-found"})
 
@@ -194,6 +210,10 @@ def test_lying_blob_checksum_is_eio_and_never_cached(
             path.read_bytes()
         assert err.value.errno == errno.EIO
         assert fake_hub.blob_requests >= 2  # a bad body is fetched again before giving up
+        with open(path, "rb", buffering=0) as f, pytest.raises(OSError) as err:
+            f.seek(4096)  # a read in the middle: through the blob, whose frame 0 lies
+            f.read(4096)
+        assert err.value.errno == errno.EIO
         fake_hub.lie = False
         with open(path, "rb", buffering=0) as f:  # nothing of the lie was cached
             assert f.read() == FILE_BYTES

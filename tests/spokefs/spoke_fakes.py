@@ -6,16 +6,22 @@ from collections.abc import Callable
 
 import trio
 
+from hubd import wire
 from spokefs.errors import StaleExport
 
 
 class FakeHub:
-    """``HubClient.fetch_range`` over in-memory files ``{(file_id, version): bytes}``.
+    """``HubClient.fetch_frames`` and ``fetch_pack`` over in-memory files
+    ``{(file_id, version): bytes}``.
 
     Attributes:
-        calls: every (file_id, version, start, length) asked for, in order.
+        calls: every (file_id, version, start, length) of data asked for, in order.
+        packs: the member items of every pack asked for, in order.
         delay_s: how long each fetch takes (with an autojump clock, free).
+        align_bytes: the grid ranges are asked on (one frame: no tier).
     """
+
+    align_bytes = wire.FRAME_DATA_BYTES
 
     def __init__(self, files: dict[tuple[int, int], bytes], delay_s: float = 0.0) -> None:
         self.files = files
@@ -24,24 +30,29 @@ class FakeHub:
         self.packs: list[list[tuple[int, int]]] = []
         self.per_file_s = 0.0
 
-    async def fetch_range(self, file_id: int, version: int, start: int, length: int) -> bytes:
-        self.calls.append((file_id, version, start, length))
+    async def fetch_frames(self, file_id: int, version: int, size: int,
+                           start: int, stop: int) -> bytes:
+        self.calls.append((file_id, version, start, stop - start))
         await trio.sleep(self.delay_s)
         data = self.files.get((file_id, version))
         if data is None:
             raise StaleExport(f"{file_id:x}/{version:x}")
-        assert 0 <= start and start + length <= len(data), "reader asked past EOF"
-        return data[start : start + length]
+        assert size == len(data)
+        assert start % self.align_bytes == 0, "range off the grid"
+        assert stop % self.align_bytes == 0 or stop == size, "range off the grid"
+        assert 0 <= start < stop <= len(data), "reader asked past EOF"
+        return data[start:stop]
 
     rtt_s: float | None = None  # HubClient's round-trip estimate: none measured
     received_bytes = 0
 
     async def fetch_pack(
-        self, items: list[tuple[int, int]],
+        self, plan: wire.PackPlan,
         on_file: Callable[[tuple[int, int], bytes | None], None] | None = None,
     ) -> dict[tuple[int, int], bytes | None]:
         """Streams like the real client: each file is handed over ``per_file_s`` after the
         one before it, the first one ``delay_s`` after the request."""
+        items = plan.items
         self.packs.append(items)
         await trio.sleep(self.delay_s)
         out: dict[tuple[int, int], bytes | None] = {}

@@ -1,5 +1,6 @@
-"""HubClient against a hub that lies: wrong checksums, wrong lengths, bodies far longer
-than asked for, bad pack answers, a snapshot with the wrong content type.
+"""HubClient against a hub that lies: wrong frame sums, frames from another offset, wrong
+lengths, bodies far longer than asked for, bad pack answers, a snapshot with the wrong
+content type, a hub of an older protocol.
 
 The "hub" is ``http.server`` in a thread of this process, answering what each test sets.
 """
@@ -16,8 +17,10 @@ import xxhash
 from hubd import wire
 from spokefs.errors import CorruptBlock, HubProtocolError, HubUnavailable
 from spokefs.hub_client import HubClient
+from tests.hubd.hubd_testlib import framed
 
-DATA = bytes(range(256)) * 64  # 16 KiB
+DATA = bytes(range(251)) * 50  # 12,550 bytes: four frames, the last one short
+FRAMED = framed(DATA, 2, 3)
 Answer = Callable[[BaseHTTPRequestHandler], tuple[int, dict[str, str], bytes]]
 
 
@@ -47,7 +50,7 @@ class LyingHub:
                 except OSError:
                     pass  # the client stopped reading: that is the point of some tests
 
-            do_GET = do_POST = _reply  # noqa: N815 - http.server's naming
+            do_GET = do_POST = _reply
 
             def log_message(self, *args: object) -> None:
                 pass
@@ -75,72 +78,87 @@ def client(hub: LyingHub, deadline_s: float = 0.5) -> HubClient:
                      deadline_s=deadline_s)
 
 
-def ranged(body: bytes, checksum: str | None = None, **extra: str) -> Answer:
+def ranged(body: bytes, **extra: str) -> Answer:
     def answer(h: BaseHTTPRequestHandler) -> tuple[int, dict[str, str], bytes]:
         first, last = map(int, h.headers["Range"].removeprefix("bytes=").split("-"))
         part = body[first : last + 1]
-        headers = {"Content-Range": f"bytes {first}-{last}/{len(body)}", **extra}
-        if checksum != "":
-            headers[wire.HEADER_CHECKSUM] = checksum or xxhash.xxh3_64_hexdigest(part)
-        return 206, headers, part
+        return 206, {"Content-Range": f"bytes {first}-{last}/{len(body)}", **extra}, part
     return answer
 
 
 async def test_honest_hub_is_read(hub: LyingHub) -> None:
-    hub.answer = ranged(DATA)
+    hub.answer = ranged(FRAMED)
+    frame = wire.FRAME_DATA_BYTES
     async with client(hub) as c:
-        assert await c.fetch_range(2, 3, 100, 5000) == DATA[100:5100]
+        assert await c.fetch_frames(2, 3, len(DATA), 0, len(DATA)) == DATA
+        assert await c.fetch_frames(2, 3, len(DATA), frame, 2 * frame) == DATA[frame : 2 * frame]
+        assert await c.fetch_frames(2, 3, len(DATA), 2 * frame, len(DATA)) == DATA[2 * frame :]
 
 
-async def test_wrong_checksum_is_retried_then_corrupt(hub: LyingHub) -> None:
-    hub.answer = ranged(DATA, checksum="0123456789abcdef")
-    async with client(hub) as c:
+@pytest.mark.parametrize("lie", ["flipped-byte", "flipped-sum", "other-offset", "other-file"])
+async def test_bad_frames_are_retried_then_corrupt(lie: str, hub: LyingHub) -> None:
+    """Whatever range was asked, a frame must be the one at that offset of that file."""
+    body = bytearray(FRAMED)
+    if lie == "flipped-byte":
+        body[wire.FRAME_BYTES + 5] ^= 1
+    elif lie == "flipped-sum":
+        body[2 * wire.FRAME_BYTES - 1] ^= 1
+    elif lie == "other-offset":  # a cache that put frame 0 where frame 1 belongs
+        body[wire.FRAME_BYTES : 2 * wire.FRAME_BYTES] = body[: wire.FRAME_BYTES]
+    else:  # the same bytes framed for another file
+        body = bytearray(framed(DATA, 2, 4))
+    hub.answer = ranged(bytes(body))
+    async with client(hub, deadline_s=2.0) as c:  # room for retries on a loaded machine
         with pytest.raises(CorruptBlock):
-            await c.fetch_range(2, 3, 0, 4096)
+            await c.fetch_frames(2, 3, len(DATA), 0, 2 * wire.FRAME_DATA_BYTES)
     assert hub.requests >= 2  # fetched again before giving up
 
 
-@pytest.mark.parametrize("lie", ["missing-checksum", "short", "200-not-206", "too-long",
-                                 "declared-huge"])
+@pytest.mark.parametrize("lie", ["short", "200-not-206", "too-long", "declared-huge"])
 async def test_wrong_bodies_are_protocol_errors(lie: str, hub: LyingHub) -> None:
-    if lie == "missing-checksum":
-        hub.answer = ranged(DATA, checksum="")
-    elif lie == "short":
-        hub.answer = lambda h: (206, {wire.HEADER_CHECKSUM: xxhash.xxh3_64_hexdigest(b"ab")},
-                                b"ab")
+    if lie == "short":
+        hub.answer = lambda h: (206, {}, FRAMED[:100])
     elif lie == "200-not-206":
-        hub.answer = lambda h: (200, {wire.HEADER_CHECKSUM: xxhash.xxh3_64_hexdigest(DATA[:4096])},
-                                DATA[:4096])
+        hub.answer = lambda h: (200, {}, FRAMED[: wire.FRAME_BYTES])
     elif lie == "too-long":  # more than asked for: never read past what was asked
         big = bytes(8 << 20)
-        hub.answer = lambda h: (206, {wire.HEADER_CHECKSUM: "0"}, big)
+        hub.answer = lambda h: (206, {}, big)
     else:  # a declared length far past the range: refused before reading the body
         hub.answer = lambda h: (206, {"Content-Length": str(1 << 40)}, b"x" * 100)
     async with client(hub) as c:
         with pytest.raises(HubProtocolError):
-            await c.fetch_range(2, 3, 0, 4096)
+            await c.fetch_frames(2, 3, len(DATA), 0, wire.FRAME_DATA_BYTES)
 
 
 async def test_bad_pack_answers(hub: LyingHub) -> None:
-    items = [(2, 3), (4, 5)]
+    members = ((2, 3, 3), (4, 5, 7))
+    plan = wire.PackPlan(9, 0, members, wire.pack_digest(members))
     good = (wire.encode_pack_record(2, 3, b"abc", xxhash.xxh3_64_intdigest(b"abc"))
             + wire.encode_pack_record(4, 5, None, 0))
     hub.answer = lambda h: (200, {}, good)
     async with client(hub) as c:
-        assert await c.fetch_pack(items) == {(2, 3): b"abc", (4, 5): None}
+        assert await c.fetch_pack(plan) == {(2, 3): b"abc", (4, 5): None}
         swapped = wire.encode_pack_record(4, 5, None, 0) + wire.encode_pack_record(2, 3, None, 0)
         for body in (good[:-5], swapped, good + b"extra", bytes(64)):  # cut, out of order...
             hub.answer = lambda h, body=body: (200, {}, body)
             with pytest.raises(HubProtocolError):
-                await c.fetch_pack(items)
+                await c.fetch_pack(plan)
         lied = wire.encode_pack_record(2, 3, b"abc", 12345) + wire.encode_pack_record(4, 5, None, 0)
         hub.answer = lambda h: (200, {}, lied)
         with pytest.raises(HubUnavailable):  # a bad checksum is retried, then given up
-            await c.fetch_pack(items)
+            await c.fetch_pack(plan)
         huge = (wire.MAX_RANGE_BYTES + 1 << 10)
         hub.answer = lambda h: (200, {"Content-Length": str(huge)}, b"")
         with pytest.raises(HubProtocolError):
-            await c.fetch_pack(items)
+            await c.fetch_pack(plan)
+
+
+async def test_an_older_hub_fails_with_both_versions_named(hub: LyingHub) -> None:
+    """A v1 hub has no /v2 routes: 404 for the snapshot, which is not "file gone"."""
+    hub.answer = lambda h: (404, {}, b"404: Not Found")
+    async with client(hub) as c:
+        with pytest.raises(HubProtocolError, match="does not speak protocol v2.*protocol v1"):
+            await c.fetch_snapshot()
 
 
 async def test_snapshot_with_another_content_type_is_a_bad_snapshot(hub: LyingHub) -> None:

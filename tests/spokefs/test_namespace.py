@@ -205,3 +205,31 @@ async def test_dir_lister_keeps_a_parents_subdirs_per_generation(tmp_path):
     extra = Entry(0x600, ROOT, DIR, 0, 1, 2, 0, b"other")
     ns.load_snapshot(wire.encode_snapshot(8, ROOT, [*tree(), extra]))  # a new generation
     assert await lister.siblings(0x200) == (ROOT, [0x200, 0x600])
+
+
+async def test_dir_lister_packs_match_the_hubs_per_generation(tmp_path):
+    """The spoke cuts a directory's packs exactly as the hub does from the same snapshot
+    entries (same URLs), and again when a new generation changes the directory."""
+    from spokefs.mount import _DirLister
+    from spokefs.types import FileVersion
+    ns = Namespace(tmp_path)
+    ns.load_snapshot(wire.encode_snapshot(7, ROOT, tree()))
+    lister = _DirLister(ns)
+
+    def hubs(entries: list[Entry], dir_id: int) -> list[wire.PackPlan]:
+        return wire.plan_packs(dir_id, [(e.name, e.file_id, e.version, e.size)
+                                        for e in entries if e.parent_id == dir_id
+                                        and stat.S_ISREG(e.mode)])
+
+    assert await lister.packs(0x200) == hubs(tree(), 0x200)
+    assert await lister.packs(ROOT) == hubs(tree(), ROOT)
+    (plan,) = await lister.packs(0x200)  # 499 files of 1..499 bytes, the hard link once
+    assert len(plan.members) == 500 and (0x300, 0xAA, 5) in plan.members
+    assert await lister.pack_of(0x200, FileVersion(0x1005, 5, 5)) == plan
+    assert await lister.pack_of(0x200, FileVersion(0x1005, 6, 5)) is None  # another version
+    assert await lister.pack_of(ROOT, FileVersion(0x1005, 5, 5)) is None  # not listed there
+    changed = [e if e.file_id != 0x1005 else Entry(0x1005, 0x200, REG, 7, 9, 1, 99, e.name)
+               for e in tree()]
+    ns.load_snapshot(wire.encode_snapshot(8, ROOT, changed))  # a new generation
+    (new,) = await lister.packs(0x200)
+    assert [new] == hubs(changed, 0x200) and new.digest != plan.digest

@@ -7,6 +7,7 @@ import pytest
 import trio
 from spoke_fakes import FakeHub
 
+from hubd import wire
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import BLOCK_SIZE
 from spokefs.errors import HubUnavailable
@@ -45,6 +46,7 @@ async def test_second_read_is_served_from_cache(tmp_path):
 
 
 async def test_random_reads_fetch_only_their_blocks(tmp_path):
+    """Straight to the hub a random 4 KiB read moves one 4 KiB frame, no more."""
     data = os.urandom(BLOCK_SIZE * 1000)
     hub, reader = make(tmp_path, {(3, 1): data})
     stream = reader.open(FileVersion(3, 1, len(data)), 2)
@@ -53,6 +55,26 @@ async def test_random_reads_fetch_only_their_blocks(tmp_path):
             idx * BLOCK_SIZE : (idx + 1) * BLOCK_SIZE
         ]
     assert sum(length for *_, length in hub.calls) == 50 * BLOCK_SIZE
+
+
+async def test_through_a_tier_ranges_start_and_end_on_the_slice_grid(tmp_path):
+    """Behind a tier every range is whole 1 MiB slices (or ends at EOF), and what the
+    widened range brought is kept: a read elsewhere in that slice needs no request."""
+    mib = wire.SLICE_DATA_BYTES
+    data = os.urandom(3 * mib + 5000)
+    hub, reader = make(tmp_path, {(3, 1): data})
+    hub.align_bytes = mib  # FakeHub refuses any range off this grid
+    stream = reader.open(FileVersion(3, 1, len(data)), 2)
+    assert await reader.read(stream, mib + 70000, 4096) == data[mib + 70000 : mib + 74096]
+    assert hub.calls == [(3, 1, mib, mib)]
+    assert await reader.read(stream, 2 * mib - 4096, 4096) == data[2 * mib - 4096 : 2 * mib]
+    assert len(hub.calls) == 1
+    assert await reader.read(stream, 3 * mib + 100, 100) == data[3 * mib + 100 : 3 * mib + 200]
+    assert hub.calls[-1] == (3, 1, 3 * mib, 5000)  # the last slice ends at EOF
+    rng = random.Random(3)
+    for _ in range(50):
+        off = rng.randrange(0, len(data))
+        assert await reader.read(stream, off, 70000) == data[off : off + 70000]
 
 
 async def test_small_file_is_fetched_whole_on_first_read(tmp_path):
@@ -106,8 +128,9 @@ class _DownHub(FakeHub):
         super().__init__({})
         self.deadline_s = deadline_s
 
-    async def fetch_range(self, file_id: int, version: int, start: int, length: int) -> bytes:
-        self.calls.append((file_id, version, start, length))
+    async def fetch_frames(self, file_id: int, version: int, size: int,
+                           start: int, stop: int) -> bytes:
+        self.calls.append((file_id, version, start, stop - start))
         await trio.sleep(self.deadline_s)
         raise HubUnavailable("hub away")
 

@@ -1,0 +1,147 @@
+"""Blob answers in the framed representation (``wire.py``, "Why a version 2"), streamed a
+slice at a time, and the deterministic packs of a directory.
+
+- ``FramedBlob``: one open file version and the byte range of its framed representation
+  to answer. ``RangeReader.open_framed`` opens the file (confined, version-checked) and
+  resolves the ``Range`` (``range_reader.resolve_range``) against ``wire.framed_size``
+  before any byte is sent, so a missing or changed file is a clean 404/412.
+  ``piece(i)`` then reads, checks and frames the i-th slice of the answer in one executor
+  hop: data by ``os.pread``, an ``fstat`` after it (a
+  write during the answer changes the version: the answer stops short, and the spoke,
+  which knows the length it asked for, refuses it), one seeded xxh3 per 4 KiB frame.
+  Any range of any size is answered this way, the whole file included, with at most one
+  slice (``wire.SLICE_BYTES``) in memory per request.
+- ``PackPlans``: ``wire.plan_packs`` of a directory of the current snapshot, computed once
+  per snapshot and directory (a few hundred kept), so a pack URL costs one dict lookup.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import xxhash
+
+from hubd import wire
+from hubd.errors import StaleVersion, UnknownFile
+from hubd.export_root import version_of
+from hubd.snapshot import Snapshot
+
+_PLANS_KEPT = 512  # directories whose packs are kept per snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class FramedRange:
+    """Bytes ``[start, stop)`` of a representation of ``total`` bytes; ``partial``: 206."""
+
+    start: int
+    stop: int
+    total: int
+    partial: bool
+
+
+class FramedBlob:
+    """An open file version and the framed range to answer (see the module docstring).
+
+    Attributes:
+        range: the framed bytes to send.
+        pieces: how many ``piece`` calls send them (one per slice touched).
+    """
+
+    def __init__(self, fd: int, file_id: int, version: int, size: int,
+                 rng: FramedRange) -> None:
+        self._fd = fd
+        self._file_id = file_id
+        self._version = version
+        self._size = size
+        self.range = rng
+        self._first_slice = rng.start // wire.SLICE_BYTES
+        last_slice = (rng.stop - 1) // wire.SLICE_BYTES if rng.stop > rng.start else -1
+        self.pieces = last_slice - self._first_slice + 1
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+    def piece(self, i: int) -> bytes:
+        """The framed bytes of the answer in its ``i``-th slice (blocking: run in a thread).
+
+        Raises:
+            StaleVersion: the file changed or shrank since it was opened.
+        """
+        s = self._first_slice + i
+        first_frame = s * wire.SLICE_FRAMES
+        data_start = first_frame * wire.FRAME_DATA_BYTES
+        data_stop = min(data_start + wire.SLICE_DATA_BYTES, self._size)
+        data = pread_exact(self._fd, data_start, data_stop)
+        st = os.fstat(self._fd)
+        if version_of(st) != self._version:  # the same fd: the same inode, so the same id
+            raise StaleVersion(f"file {self._file_id:016x} changed while being read")
+        parts: list[bytes] = []
+        view = memoryview(data)
+        for k, pos in enumerate(range(0, len(view), wire.FRAME_DATA_BYTES)):
+            chunk = view[pos : pos + wire.FRAME_DATA_BYTES]
+            seed = wire.frame_seed(self._file_id, self._version, first_frame + k)
+            parts.append(chunk)
+            parts.append(wire.FRAME_SUM.pack(xxhash.xxh3_64_intdigest(chunk, seed)))
+        framed = b"".join(parts)
+        base = s * wire.SLICE_BYTES
+        lo = max(self.range.start - base, 0)
+        hi = min(self.range.stop - base, len(framed))
+        return framed if (lo, hi) == (0, len(framed)) else framed[lo:hi]
+
+
+def pread_exact(fd: int, start: int, stop: int) -> bytes:
+    parts: list[bytes] = []
+    got = 0
+    while got < stop - start:
+        more = os.pread(fd, stop - start - got, start + got)
+        if not more:
+            raise StaleVersion("the file shrank while being read")
+        parts.append(more)
+        got += len(more)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+class PackPlans:
+    """The packs of directories of the current snapshot, computed on first use."""
+
+    def __init__(self) -> None:
+        self._snap: Snapshot | None = None
+        self._blocks: dict[int, range] = {}
+        self._plans: OrderedDict[int, list[wire.PackPlan]] = OrderedDict()
+
+    def find(self, snap: Snapshot, dir_id: int, index: int, digest: str) -> wire.PackPlan:
+        """Pack ``index`` of directory ``dir_id`` if its digest is ``digest`` (blocking:
+        the first call per snapshot lists every directory; run it in a thread).
+
+        Raises:
+            UnknownFile: no such directory in the snapshot.
+            StaleVersion: no such pack, or its members differ (another generation).
+        """
+        plans = self._of(snap, dir_id)
+        if index >= len(plans) or plans[index].digest != digest:
+            raise StaleVersion(f"pack {index} of {dir_id:016x} is not {digest} in this "
+                               f"generation: list the directory again")
+        return plans[index]
+
+    def _of(self, snap: Snapshot, dir_id: int) -> list[wire.PackPlan]:
+        if snap is not self._snap:
+            self._snap, self._blocks = snap, snap.table.blocks()
+            self._plans.clear()
+        plans = self._plans.get(dir_id)
+        if plans is None:
+            children = self._blocks.get(dir_id)
+            entry = snap.lookup(dir_id)
+            if entry is None or not entry.is_dir:
+                raise UnknownFile(f"no directory {dir_id:016x}")
+            files = []
+            for i in children or ():
+                e = snap.table.entry(i)
+                if e.mode & 0o170000 == 0o100000:
+                    files.append((e.name, e.file_id, e.version, e.size))
+            plans = self._plans[dir_id] = wire.plan_packs(dir_id, files)
+            if len(self._plans) > _PLANS_KEPT:
+                self._plans.popitem(last=False)
+        self._plans.move_to_end(dir_id)
+        return plans

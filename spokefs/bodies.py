@@ -1,0 +1,76 @@
+"""Reading and checking answer bodies for ``hub_client``: never past the bytes asked for,
+framed blobs verified frame by frame, pack answers decoded as they stream, and the origin
+of an answer that came through a regional tier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import xxhash
+
+from hubd import wire
+from spokefs.errors import HubProtocolError
+
+# the header deploy/regional's nginx adds: its cache status for the answer
+TIER_CACHE_HEADER = "X-Spokefs-Tier-Cache"
+_TIER_HIT = frozenset({"HIT", "STALE", "REVALIDATED", "UPDATING"})
+
+
+class FrameMismatch(Exception):
+    """A frame of a blob answer failed its seeded sum (damaged, or from another offset or
+    file): transient, the caller fetches again."""
+
+
+def origin_of(resp: httpx.Response, origin: str) -> str:
+    """``hub``, or the tier's own word on where its answer came from."""
+    if origin == "hub":
+        return origin
+    status = resp.headers.get(TIER_CACHE_HEADER, "").upper()
+    if not status:
+        return "tier"
+    return "tier_hit" if status in _TIER_HIT else "tier_miss"
+
+
+def unframed(body: bytes, file_id: int, version: int, first_frame: int) -> bytes:
+    """The data of a framed body, every frame checked against its seeded sum."""
+    data: list[memoryview] = []
+    seed = wire.frame_seed
+    digest = xxhash.xxh3_64_intdigest
+    try:
+        for k, (chunk, want) in enumerate(wire.frames(body)):
+            if digest(chunk, seed(file_id, version, first_frame + k)) != want:
+                raise FrameMismatch(f"frame {first_frame + k} of {file_id:x} failed its "
+                                    f"checksum")
+            data.append(chunk)
+    except wire.WireError as exc:
+        raise HubProtocolError(f"bad framed answer: {exc}") from None
+    return b"".join(data)
+
+
+def decoded(
+    decoder: wire.PackDecoder, piece: bytes
+) -> list[tuple[tuple[int, int], tuple[bytes, int] | None]]:
+    try:
+        return decoder.feed(piece)
+    except wire.WireError as exc:
+        raise HubProtocolError(f"bad pack answer: {exc}") from None
+
+
+async def iter_capped(resp: httpx.Response, cap: int) -> AsyncIterator[bytes]:
+    """The raw body of a streamed answer piece by piece, at most ``cap`` bytes in all."""
+    declared = resp.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise HubProtocolError(f"answer of {declared} bytes, more than the {cap} asked for")
+    received = 0
+    async for piece in resp.aiter_raw():
+        received += len(piece)
+        if received > cap:
+            raise HubProtocolError(f"answer longer than the {cap} bytes asked for")
+        yield piece
+
+
+async def read_capped(resp: httpx.Response, cap: int) -> bytes:
+    """The raw body of a streamed answer, at most ``cap`` bytes (else HubProtocolError)."""
+    return b"".join([piece async for piece in iter_capped(resp, cap)])
