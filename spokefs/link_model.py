@@ -55,6 +55,7 @@ class LinkModel:
     ) -> None:
         self.min_requests = min_requests
         self.max_requests = max_requests
+        self._max_configured = max_requests
         self.limit = initial
         self._latencies: deque[float] = deque(maxlen=_LATENCY_SAMPLES)
         self._bytes = 0
@@ -100,9 +101,11 @@ class LinkModel:
             self._hold = 0
             self.limit = self._clamp(math.ceil(self._best_limit * _GROW))
 
-    def set_floor(self, n: int) -> None:
-        """Never allow fewer than ``n`` requests (within ``max_requests``) from now on."""
-        self.min_requests = min(n, self.max_requests)
+    def set_bounds(self, low: int, high: int) -> None:
+        """Keep the limit within ``[low, high]`` from now on (``high`` at most the
+        ``max_requests`` it was made with)."""
+        self.max_requests = min(high, self._max_configured)
+        self.min_requests = min(low, self.max_requests)
         self.limit = self._clamp(self.limit)
         self._best_limit = self._clamp(self._best_limit)
 

@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 _SEQ_SLACK = 2 << 20  # how far out of order the kernel's own read-ahead sends reads
 _QUEUED_JOBS = 4096
 _CONTROL_INTERVAL_S = 0.25
+_PROBE_ABOVE_FLOOR = 16  # requests the model may probe up to above a small floor
 _MAX_WARM = 64  # connections kept open for stream requests
 _AHEAD_KEPT = 64  # successor streams not opened yet
 _QUEUED_LOOKUPS = 64
@@ -290,7 +291,10 @@ class Prefetcher:
         """Stream requests always allowed in flight: twice the link's bandwidth-delay product
         (a probe that starts at 16 requests of ~4 MiB needs several seconds to find the 60
         that a 900 ms, 1 Gbit/s link takes, and a run of shards would spend them at half
-        speed); the model probes above it."""
+        speed). The model probes above it, up to twice as many: more only queue at the
+        bottleneck, where every request shares the link, so the one a reader waits for
+        arrives no sooner than all the others (at 60 ms the probe had reached 128 requests,
+        480 MiB in flight for a 7.5 MB product, and a single reader got 0.75 of the link)."""
         bdp = self.reach.bdp_bytes() or 0
         need = -(-2 * bdp // self._cfg.request_bytes)
         return max(self._min_requests, min(self.model.max_requests, need))
@@ -308,7 +312,8 @@ class Prefetcher:
                 self._limiter.statistics().tasks_waiting > 0
                 or self._jobs_rx.statistics().current_buffer_used > 0
             )
-            self.model.set_floor(self._floor_requests())
+            floor = self._floor_requests()
+            self.model.set_bounds(floor, max(2 * floor, _PROBE_ABOVE_FLOOR))
             est = self.model.update(waiting)
             if est.limit != self._limiter.total_tokens:
                 self._limiter.total_tokens = est.limit
