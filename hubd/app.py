@@ -9,7 +9,8 @@ Middlewares, outermost first:
 3. ``auth`` (only with a token): every route but /healthz and /metrics needs
    ``Authorization: Bearer <token>``, else 401 before anything else is looked at.
 
-The ``RangeReader`` and the ``ChangeFeed`` (and their thread pools) live in ``cleanup_ctx``.
+The reader (``source.make_reader``: a directory's ``RangeReader`` or a bucket's ``BucketReader``)
+and the ``ChangeFeed`` (and their thread pools) live in ``cleanup_ctx``.
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ from hubd import routes, wire
 from hubd.changes import ChangeFeed
 from hubd.config import HubConfig
 from hubd.errors import HubError, InternalError, MethodNotAllowed, RouteNotFound, Unauthorized
-from hubd.export_root import ExportRoot
 from hubd.metrics import METRICS, HubMetrics, metrics_handler
-from hubd.range_reader import RangeReader
+from hubd.source import Export, make_reader
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +37,14 @@ Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({wire.HEALTH_PATH, wire.METRICS_PATH})
 
 
-def make_app(cfg: HubConfig, export: ExportRoot, metrics: HubMetrics) -> web.Application:
+def make_app(cfg: HubConfig, export: Export, metrics: HubMetrics) -> web.Application:
     """The hubd application; ``export`` must already hold a snapshot."""
     middlewares: list[Middleware] = [_metrics_middleware, _error_middleware]
     if cfg.token is not None:
         middlewares.append(_auth_middleware(cfg.token))
     app = web.Application(middlewares=middlewares)
     app[routes.CONFIG] = cfg
-    app[routes.EXPORT] = export
+    app[routes.EXPORT] = export  # type: ignore[assignment]  # routes' key: ExportRoot for now
     app[METRICS] = metrics
     app.cleanup_ctx.append(_reader_ctx)
     app.cleanup_ctx.append(_feed_ctx)
@@ -61,8 +61,8 @@ def make_app(cfg: HubConfig, export: ExportRoot, metrics: HubMetrics) -> web.App
 
 async def _reader_ctx(app: web.Application) -> AsyncIterator[None]:
     cfg = app[routes.CONFIG]
-    reader = RangeReader(app[routes.EXPORT], cfg.max_concurrent_reads, cfg.read_wait_s)
-    app[routes.READER] = reader
+    reader = make_reader(app[routes.EXPORT], cfg.max_concurrent_reads, cfg.read_wait_s)
+    app[routes.READER] = reader  # type: ignore[assignment]  # routes' key: RangeReader for now
     app[METRICS].reads_in_flight.set_function(lambda: reader.in_flight)
     yield
     await asyncio.get_running_loop().run_in_executor(None, reader.close)

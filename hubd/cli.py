@@ -3,6 +3,15 @@
     python3 -m hubd serve ROOT --listen HOST:PORT [--token-file F] [--log-level LEVEL]
         [--tls-cert C --tls-key K] [--max-concurrent-reads N] [--read-wait SECONDS]
         [--rescan-interval SECONDS] [--idle-timeout SECONDS]
+    python3 -m hubd serve s3://BUCKET[/PREFIX] --listen HOST:PORT [--s3-endpoint URL]
+        [--s3-region R] [the options above]
+
+ROOT is a directory, or ``s3://BUCKET[/PREFIX]``: a bucket or a prefix of one, listed into
+the namespace (``hubd/s3/``). Its endpoint is ``--s3-endpoint``, else
+``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, else AWS's endpoint of the region; the
+region ``--s3-region``, else ``AWS_REGION`` or ``AWS_DEFAULT_REGION``, else us-east-1; the
+keys come from the environment or the AWS files (``hubd/s3/credentials.py``). Missing or
+wrong keys, an unknown bucket or a denied listing end hubd at start with one line.
 
 ``--rescan-interval`` (default 60, 0: never) rescans ROOT that long after the previous
 scan ended; SIGHUP triggers a rescan at once (requests made during a scan coalesce into
@@ -33,6 +42,8 @@ from typing import NoReturn
 from hubd import wire
 from hubd.config import DEFAULT_CONCURRENT_READS, DEFAULT_READ_WAIT_S, HubConfig
 from hubd.errors import StartupError
+from hubd.s3.config import AWS_DEFAULT_REGION, BucketSpec, S3Config, aws_endpoint
+from hubd.s3.credentials import CredentialsError, find_credentials
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
                                 parser_class=_Parser)
     srv = sub.add_parser("serve", help="export ROOT read-only")
-    srv.add_argument("root", metavar="ROOT", help="the directory to export")
+    srv.add_argument("root", metavar="ROOT",
+                     help="the directory to export, or s3://BUCKET[/PREFIX]")
     srv.add_argument("--listen", required=True, type=_listen, metavar="HOST:PORT",
                      help="address to listen on; port 0 picks a free port")
     srv.add_argument("--token-file", metavar="F",
@@ -114,7 +126,57 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--idle-timeout", type=_timeout, default=15.0, metavar="SECONDS",
                      help="close a connection that sends no whole request header for this "
                           "long (after connecting or after its last answer); default: 15")
+    srv.add_argument("--s3-endpoint", metavar="URL",
+                     help="S3 endpoint of an s3:// ROOT, http(s)://HOST[:PORT]; default: "
+                          "AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, else AWS's for the region")
+    srv.add_argument("--s3-region", metavar="R",
+                     help="signing region of an s3:// ROOT; default: AWS_REGION, "
+                          f"AWS_DEFAULT_REGION, else {AWS_DEFAULT_REGION}")
     return parser
+
+
+def parse_s3_root(text: str) -> tuple[str, str]:
+    """``s3://BUCKET[/PREFIX]`` -> (bucket, prefix); raises ``argparse.ArgumentTypeError``."""
+    bucket, _, prefix = text.removeprefix("s3://").partition("/")
+    if not bucket or not all(c.isascii() and (c.isalnum() or c in ".-_") for c in bucket):
+        raise argparse.ArgumentTypeError(f"bad bucket in {text!r}: want s3://BUCKET[/PREFIX]")
+    if "\0" in prefix:
+        raise argparse.ArgumentTypeError("an S3 prefix cannot hold a NUL byte")
+    return bucket, prefix
+
+
+def _endpoint(text: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(text)
+    try:
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok or \
+            parts.path.strip("/") or parts.query or parts.username:
+        raise argparse.ArgumentTypeError(f"bad --s3-endpoint {text!r}: want http(s)://HOST[:PORT]")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def bucket_spec(args: argparse.Namespace, env: dict[str, str] | None = None) -> BucketSpec:
+    """The bucket export of ``args`` (ROOT starts with ``s3://``).
+
+    Raises:
+        argparse.ArgumentTypeError: a malformed ROOT or endpoint (a usage error).
+        StartupError: no usable credentials.
+    """
+    env = dict(os.environ) if env is None else env
+    bucket, prefix = parse_s3_root(args.root)
+    region = args.s3_region or env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") \
+        or AWS_DEFAULT_REGION
+    endpoint = _endpoint(args.s3_endpoint or env.get("AWS_ENDPOINT_URL_S3")
+                         or env.get("AWS_ENDPOINT_URL") or aws_endpoint(region))
+    try:
+        creds = find_credentials(env)
+    except CredentialsError as exc:
+        raise StartupError(f"{args.root}: {exc}") from None
+    return BucketSpec(bucket, prefix, S3Config(endpoint, region), creds)
 
 
 def read_token(path: str) -> bytes:
@@ -181,7 +243,8 @@ def config_from_args(args: argparse.Namespace) -> HubConfig:
     host, port = args.listen
     token = read_token(args.token_file) if args.token_file else None
     tls = load_tls(args.tls_cert, args.tls_key) if args.tls_cert else None
-    return HubConfig(root=args.root, host=host, port=port, token=token,
+    s3 = bucket_spec(args) if args.root.startswith("s3://") else None
+    return HubConfig(root=args.root, host=host, port=port, token=token, s3=s3,
                      log_level=args.log_level, max_concurrent_reads=args.max_concurrent_reads,
                      read_wait_s=args.read_wait,
                      rescan_interval_s=args.rescan_interval, tls=tls,
@@ -201,6 +264,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.tls_cert is None) != (args.tls_key is None):
         parser.error("--tls-cert and --tls-key go together: give both or neither")
+    if not args.root.startswith("s3://") and (args.s3_endpoint or args.s3_region):
+        parser.error("--s3-endpoint and --s3-region are for an s3://BUCKET ROOT")
+    if args.root.startswith("s3://"):
+        try:
+            parse_s3_root(args.root)
+            if args.s3_endpoint:
+                _endpoint(args.s3_endpoint)
+        except argparse.ArgumentTypeError as exc:
+            parser.error(str(exc))
     # Imported here, not at the top: a usage error should not wait for aiohttp to load.
     try:
         from hubd.server import serve

@@ -9,6 +9,7 @@ import ssl
 from dataclasses import dataclass, field
 
 from hubd import wire
+from hubd.s3.config import BucketSpec
 
 KIB = 1024
 
@@ -34,7 +35,9 @@ class HubConfig:
     """Effective settings of one hubd process.
 
     Attributes:
-        root: the exported directory, as given on the command line.
+        root: the exported directory, or ``s3://BUCKET[/PREFIX]``, as given on the
+            command line.
+        s3: the bucket export's settings when ROOT is ``s3://...``, else None.
         host, port: where to listen; port 0 picks a free port.
         token: the bearer token (never logged: ``repr=False``), or None for no auth.
         tls: the server TLS context (TLS >= 1.2) built from ``--tls-cert``/``--tls-key``,
@@ -77,6 +80,7 @@ class HubConfig:
     rescan_interval_s: float = 60.0
     changes_max_steps: int = 16
     changes_max_bytes: int = 64 * 1024 * KIB
+    s3: BucketSpec | None = None
 
     @property
     def max_read_memory_bytes(self) -> int:

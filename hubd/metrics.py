@@ -6,6 +6,8 @@ low-cardinality: the route template (never a file id or path) and the status cod
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from aiohttp import web
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -18,6 +20,9 @@ from prometheus_client import (
 
 from hubd.export_root import Rescan
 from hubd.snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from hubd.s3.bucket import BucketExport
 
 # Request latency buckets, seconds: from a cached small range on loopback (~1 ms) to a
 # 16 MiB range to a slow far-away client (tens of seconds).
@@ -40,6 +45,10 @@ class HubMetrics:
         scan_seconds: hubd_scan_seconds, duration of the last scan (walk, diff, encoding).
         rescans: hubd_rescans_total{result}: ``changed`` (a new generation), ``unchanged``,
             ``failed``.
+        s3_*: only for a bucket export (``watch_bucket``): hubd_s3_skipped_keys{reason},
+            keys of the latest listing that are no POSIX path; hubd_s3_requests,
+            hubd_s3_retries, hubd_s3_list_pages, hubd_s3_get_bytes: the S3 client's
+            counters since start.
     """
 
     def __init__(self) -> None:
@@ -70,6 +79,23 @@ class HubMetrics:
                                   registry=reg)
         self.rescans = Counter("hubd_rescans", "Rescans, by result (changed, unchanged, failed)",
                                ["result"], registry=reg)
+
+    def watch_bucket(self, export: BucketExport) -> None:
+        """Export a bucket's listing and S3 client figures (read when scraped)."""
+        from hubd.s3.tree import SKIP_REASONS
+
+        skipped = Gauge("hubd_s3_skipped_keys", "Keys of the latest listing left out (not "
+                        "a POSIX path), by reason", ["reason"], registry=self.registry)
+        for reason in SKIP_REASONS:
+            skipped.labels(reason=reason).set_function(
+                lambda reason=reason: export.skipped[reason])
+        stats = export.client.stats
+        for name, doc in (("requests", "S3 requests sent (retries included)"),
+                          ("retries", "S3 requests retried (5xx, throttling, no connection)"),
+                          ("list_pages", "ListObjectsV2 pages received"),
+                          ("get_bytes", "Object bytes received by ranged GETs")):
+            Gauge(f"hubd_s3_{name}", doc, registry=self.registry).set_function(
+                lambda name=name: getattr(stats, name))
 
     def observe_snapshot(self, snap: Snapshot) -> None:
         self.snapshot_generation.set(snap.generation)

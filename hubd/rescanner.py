@@ -1,7 +1,7 @@
 """Rescans on a timer and on request (SIGHUP), one at a time, in a worker thread.
 
 ``Rescanner.run`` loops: wait until ``interval_s`` after the previous scan ended (forever if
-0) or until ``request()`` is called, then run ``ExportRoot.rescan`` in a thread while the
+0) or until ``request()`` is called, then run the export's ``rescan`` in a thread while the
 current snapshot keeps serving. Requests made while a scan runs coalesce into one more
 scan after it (it may miss changes made after the running scan passed them), so there are
 never two scans at once. A failed scan is logged and retried at the next tick.
@@ -18,21 +18,26 @@ import ctypes
 import ctypes.util
 import logging
 import threading
+from typing import TYPE_CHECKING
 
-from hubd.export_root import ExportRoot, ScanCancelled
+from hubd.export_root import ScanCancelled
 from hubd.metrics import HubMetrics
+from hubd.s3.errors import S3Error
+
+if TYPE_CHECKING:
+    from hubd.source import Export
 
 log = logging.getLogger(__name__)
 
 
 class Rescanner:
-    """Runs the rescans of one ``ExportRoot`` and reports them to the metrics.
+    """Runs the rescans of one export (``source.Export``) and reports them to the metrics.
 
     Attributes:
         wake: set by ``request()`` (the SIGHUP handler) to rescan now.
     """
 
-    def __init__(self, export: ExportRoot, metrics: HubMetrics, interval_s: float,
+    def __init__(self, export: Export, metrics: HubMetrics, interval_s: float,
                  wake: asyncio.Event | None = None) -> None:
         self._export = export
         self._metrics = metrics
@@ -74,6 +79,11 @@ class Rescanner:
         except OSError as exc:
             log.warning("rescan of %s failed: %s (the previous snapshot stays)",
                         self._export.root, exc.strerror)
+            self._metrics.observe_rescan(None)
+            return
+        except S3Error as exc:  # a bucket's listing, after the client's own retries
+            log.warning("listing of %s failed: %s (the previous snapshot stays)",
+                        self._export.root, exc)
             self._metrics.observe_rescan(None)
             return
         except Exception:

@@ -1,7 +1,9 @@
 """hubd's lifecycle: open ROOT, bind, first scan, serve until SIGTERM/SIGINT, tear down.
 
-Order (teardown reverses it): signal handlers -> ROOT's fd -> listening socket -> first
-scan (in a thread, abandoned cleanly if a signal comes first) -> aiohttp runner and site ->
+Order (teardown reverses it): signal handlers -> ROOT's fd (for ``s3://``: the S3 client
+and its connection pool) -> listening socket -> first scan (in a thread, abandoned cleanly
+if a signal comes first; for a bucket, the first listing, where wrong keys, a denied
+listing or an unknown bucket end hubd with one line) -> aiohttp runner and site ->
 readiness line on stdout -> the rescanner task (timer and SIGHUP) -> wait for
 SIGTERM/SIGINT -> rescanner cancelled (its scan thread joined) -> runner cleanup
 (in-flight answers get a few seconds). SIGHUP never stops hubd: from the start it only
@@ -33,6 +35,10 @@ from hubd.errors import StartupError
 from hubd.export_root import ExportRoot, ScanCancelled
 from hubd.metrics import HubMetrics
 from hubd.rescanner import Rescanner
+from hubd.s3.bucket import BucketExport
+from hubd.s3.client import S3Client
+from hubd.s3.errors import S3Error
+from hubd.source import Export
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +63,27 @@ async def serve(cfg: HubConfig) -> int:
     hup = asyncio.Event()
     loop.add_signal_handler(signal.SIGHUP, hup.set)
     install_log_filters()
-    export = _open_export(cfg)
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        export = await _open_source(cfg, stack)
+        stack.callback(export.close)
         with bind(cfg.host, cfg.port) as sock:
             if await _first_scan(export, stop):
                 await _serve_until(stop, hup, cfg, export, sock)
-    finally:
-        export.close()
     log.info("stopped")
     return 0
+
+
+async def _open_source(cfg: HubConfig, stack: contextlib.AsyncExitStack) -> Export:
+    """The export of ``cfg.root``: a directory, or a bucket with its S3 client in ``stack``."""
+    if cfg.s3 is None:
+        return _open_export(cfg)
+    spec = cfg.s3
+    client = await stack.enter_async_context(S3Client(spec.client, spec.creds))
+    log.info("exporting %s from %s (region %s, credentials from %s)", spec.url,
+             spec.client.endpoint, spec.client.region, spec.creds.source)
+    return BucketExport(client, spec.bucket, spec.prefix, asyncio.get_running_loop(),
+                        cfg.snapshot_zlib_level, cfg.changes_max_steps, cfg.changes_max_bytes,
+                        spec.list_workers)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -99,7 +117,7 @@ def _open_export(cfg: HubConfig) -> ExportRoot:
         raise StartupError(f"cannot open {_printable(root)}: {exc.strerror}") from None
 
 
-async def _first_scan(export: ExportRoot, stop: asyncio.Event) -> bool:
+async def _first_scan(export: Export, stop: asyncio.Event) -> bool:
     """Scan in a thread; False if ``stop`` is set first (the scan is then cancelled)."""
     cancel = threading.Event()
     loop = asyncio.get_running_loop()
@@ -117,10 +135,12 @@ async def _first_scan(export: ExportRoot, stop: asyncio.Event) -> bool:
         return True
     except OSError as exc:
         raise StartupError(f"cannot scan {_printable(export.root)}: {exc.strerror}") from None
+    except S3Error as exc:
+        raise StartupError(f"cannot list {_printable(export.root)}: {exc}") from None
 
 
 async def _serve_until(stop: asyncio.Event, hup: asyncio.Event, cfg: HubConfig,
-                       export: ExportRoot, sock: socket.socket) -> None:
+                       export: Export, sock: socket.socket) -> None:
     metrics = HubMetrics()
     metrics.observe_snapshot(export.state.snapshot)
     metrics.observe_rescan(export.last_rescan)
@@ -142,6 +162,9 @@ async def _serve_until(stop: asyncio.Event, hup: asyncio.Event, cfg: HubConfig,
                  f"({first.count} entries, generation {first.generation})")
         del first  # a rescan must be able to free it
         rescanner = Rescanner(export, metrics, cfg.rescan_interval_s, hup)
+        if isinstance(export, BucketExport):
+            export.on_stale = rescanner.request  # an object replaced: list again soon
+            metrics.watch_bucket(export)
         async with asyncio.TaskGroup() as tasks:
             rescans = tasks.create_task(rescanner.run())
             await stop.wait()

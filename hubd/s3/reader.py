@@ -1,0 +1,218 @@
+"""``BucketReader``: the ``RangeReader`` of a bucket export (same methods, same bounds), on
+protocol v2 (framed blobs with per-frame checksums, deterministic packs).
+
+The routes call ``slot()``, ``open_framed(file_id, version, spec)``, ``read_piece(blob, i)``
+and ``read_pack(dir_id, index, digest)`` and get the same answers as from a directory, so
+neither the routes nor the wire protocol know which backend serves them:
+
+- ``open_framed``: the version and the range are checked against the snapshot (its size,
+  ``wire.framed_size``) before any byte is fetched, so a stale version is a clean 412.
+  The answer's file bytes are then fetched in GETs of ``_GET_SLICES`` slices (4 MiB), each
+  with ``If-Match`` on the listed ETag, the next GET started while the current one's slices
+  are sent (at most two GETs' bytes per request in memory). ``read_piece`` frames one slice
+  as the bytes come: a 4 KiB frame, then its seeded xxh3 (``wire.frame_seed``), exactly as
+  ``framed.FramedBlob`` does for a file on disk: no byte reaches a spoke without its sum.
+- ``read_pack``: ``framed.PackPlans`` finds the pack as for a directory, then every member
+  is fetched whole, at most ``_PACK_PARALLEL`` GETs at once; a member replaced or deleted
+  since the listing is answered ``PACK_GONE``, like a changed file on disk.
+
+A replaced object after the answer started (a 412 on a later GET) ends the answer short,
+as a file changed on disk does: the spoke, which knows the length it asked for, refuses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import stat
+from collections.abc import AsyncIterator
+
+import xxhash
+
+from hubd import wire
+from hubd.errors import Overloaded, StaleVersion, UnknownFile
+from hubd.framed import FramedRange, PackPlans
+from hubd.range_reader import Pack, RangeSpec, resolve_range
+from hubd.s3.bucket import BucketExport
+from hubd.s3.errors import first_error
+from hubd.snapshot import Snapshot
+
+# One GET carries 4 slices (4 MiB of data): a spoke request (3.75 MiB) is one or two GETs,
+# and an epoch costs ~250,000 GETs per TB instead of a million with a GET per slice.
+_GET_SLICES = 4
+# Whole small files of one pack fetched at once: enough to hide S3's first-byte latency
+# (tens of ms per GET) without taking the whole connection pool from blob reads.
+_PACK_PARALLEL = 32
+
+
+def frame_slice(data: bytes, file_id: int, version: int, first_frame: int) -> bytes:
+    """``data`` (one slice's file bytes, starting at frame ``first_frame``) in the framed
+    representation: each 4 KiB frame followed by its seeded xxh3."""
+    parts: list[bytes | memoryview] = []
+    view = memoryview(data)
+    for k, pos in enumerate(range(0, len(view), wire.FRAME_DATA_BYTES)):
+        chunk = view[pos : pos + wire.FRAME_DATA_BYTES]
+        seed = wire.frame_seed(file_id, version, first_frame + k)
+        parts.append(chunk)
+        parts.append(wire.FRAME_SUM.pack(xxhash.xxh3_64_intdigest(chunk, seed)))
+    return b"".join(parts)
+
+
+class BucketBlob:
+    """One framed answer of an object version; the bucket's ``framed.FramedBlob``.
+
+    Attributes:
+        range: the framed bytes to send.
+        pieces: how many ``piece`` calls send them (one per slice touched).
+    """
+
+    def __init__(self, export: BucketExport, snap: Snapshot, file_id: int, version: int,
+                 size: int, rng: FramedRange) -> None:
+        self._export = export
+        self._snap = snap
+        self._file_id = file_id
+        self._version = version
+        self._size = size
+        self.range = rng
+        self._first_slice = rng.start // wire.SLICE_BYTES
+        last_slice = (rng.stop - 1) // wire.SLICE_BYTES if rng.stop > rng.start else -1
+        self.pieces = last_slice - self._first_slice + 1
+        self._gets: dict[int, asyncio.Task[bytes]] = {}  # GET number -> its bytes
+
+    def close(self) -> None:
+        """Cancel the GETs still running (the answer ended early); the error of one that
+        failed unawaited (a read ahead) is dropped: the answer has ended anyway."""
+        for task in self._gets.values():
+            if task.done():
+                if not task.cancelled():
+                    task.exception()  # retrieved: no "never retrieved" warning
+            else:
+                task.cancel()
+        self._gets.clear()
+
+    def _get(self, n: int) -> asyncio.Task[bytes]:
+        """GET number ``n`` of this answer (started on first use)."""
+        task = self._gets.get(n)
+        if task is None:
+            first = self._first_slice + n * _GET_SLICES
+            start = first * wire.SLICE_DATA_BYTES
+            stop = min((first + _GET_SLICES) * wire.SLICE_DATA_BYTES, self._size)
+            task = self._gets[n] = asyncio.ensure_future(self._export.read(
+                self._snap, self._file_id, self._version, start, stop))
+        return task
+
+    async def piece(self, i: int) -> bytes:
+        """The framed bytes of the answer in its ``i``-th slice.
+
+        Raises:
+            StaleVersion, UnknownFile, Forbidden, ReadFailed: as ``BucketExport.read``.
+        """
+        n, k = divmod(i, _GET_SLICES)
+        current = self._get(n)
+        if (n + 1) * _GET_SLICES < self.pieces:
+            self._get(n + 1)  # the next GET runs while this one's slices are sent
+        data = await current
+        if k == _GET_SLICES - 1 or i == self.pieces - 1:
+            self._gets.pop(n, None)  # its last slice: free its bytes
+        s = self._first_slice + i
+        view = memoryview(data)[k * wire.SLICE_DATA_BYTES : (k + 1) * wire.SLICE_DATA_BYTES]
+        framed = frame_slice(bytes(view), self._file_id, self._version, s * wire.SLICE_FRAMES)
+        base = s * wire.SLICE_BYTES
+        lo = max(self.range.start - base, 0)
+        hi = min(self.range.stop - base, len(framed))
+        return framed if (lo, hi) == (0, len(framed)) else framed[lo:hi]
+
+
+class BucketReader:
+    """Reads framed ranges and packs of a ``BucketExport``'s current snapshot.
+
+    Attributes:
+        in_flight: requests holding a read slot right now.
+    """
+
+    def __init__(self, export: BucketExport, max_concurrent: int, wait_s: float) -> None:
+        self._export = export
+        self._wait_s = wait_s
+        self._slots = asyncio.Semaphore(max_concurrent)
+        self._plans = PackPlans()
+        self.in_flight = 0
+
+    def close(self) -> None:
+        """Nothing to release: the S3 client belongs to the server."""
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        """Hold one read slot (until the answer is written out, to bound memory)."""
+        try:
+            async with asyncio.timeout(self._wait_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise Overloaded(f"no read slot free within {self._wait_s:g} s") from None
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            self._slots.release()
+
+    def _current(self) -> Snapshot:
+        snap = self._export.snapshot
+        assert snap is not None  # the app only serves after the first listing
+        return snap
+
+    async def open_framed(self, file_id: int, version: int,
+                          spec: RangeSpec | None) -> BucketBlob:
+        """The framed answer of ``file_id`` at ``version`` (call inside ``slot()``; close it).
+
+        Raises:
+            UnknownFile, StaleVersion, RangeNotSatisfiable.
+        """
+        snap = self._current()
+        entry = snap.lookup(file_id)
+        if entry is None or not stat.S_ISREG(entry.mode):
+            raise UnknownFile(f"no file {file_id:016x} in generation {snap.generation}")
+        if entry.version != version:
+            raise StaleVersion(f"file {file_id:016x} is at version {entry.version:016x}")
+        rng = resolve_range(spec, wire.framed_size(entry.size))
+        return BucketBlob(self._export, snap, file_id, version, entry.size, rng)
+
+    async def read_piece(self, blob: BucketBlob, index: int) -> bytes:
+        """Piece ``index`` of an open framed answer."""
+        return await blob.piece(index)
+
+    async def read_pack(self, dir_id: int, index: int, digest: str) -> Pack:
+        """Pack ``index`` of directory ``dir_id`` of the current snapshot, members whole.
+
+        Raises:
+            UnknownFile (no such directory), StaleVersion (the pack differs in this
+            generation), Forbidden and ReadFailed as ``BucketExport.read``.
+        """
+        snap = self._current()
+        # the first lookup per snapshot lists every directory: off the loop
+        plan = await asyncio.to_thread(self._plans.find, snap, dir_id, index, digest)
+        gate = asyncio.Semaphore(_PACK_PARALLEL)
+
+        async def whole(file_id: int, version: int, size: int) -> bytes | None:
+            async with gate:
+                try:
+                    return await self._export.read(snap, file_id, version, 0, size)
+                except (UnknownFile, StaleVersion):
+                    return None  # replaced or deleted since the listing
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(whole(*m)) for m in plan.members]
+        except ExceptionGroup as group_error:  # Forbidden, ReadFailed: one answer for all
+            raise first_error(group_error) from None
+        parts: list[bytes] = []
+        served = file_bytes = 0
+        for (file_id, version, _), task in zip(plan.members, tasks, strict=True):
+            data = task.result()
+            if data is None:
+                parts.append(wire.encode_pack_record(file_id, version, None, 0))
+                continue
+            parts.append(wire.encode_pack_record(file_id, version, data,
+                                                 xxhash.xxh3_64_intdigest(data)))
+            served += 1
+            file_bytes += len(data)
+        return Pack(b"".join(parts), served, len(plan.members) - served, file_bytes)
