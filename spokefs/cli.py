@@ -102,9 +102,17 @@ def _warn_exposed_token(path: Path | None) -> None:
                     path, stat.S_IMODE(mode))
 
 
-def _client_tls(hub_url: str, ca_file: Path | None) -> ssl.SSLContext | None:
-    """The TLS context for an https hub: the system roots, or only ``ca_file``'s CA."""
-    if urlsplit(hub_url).scheme != "https":
+def _hub_urls(source: str, more: list[str]) -> list[str]:
+    """``URL1,URL2,...`` and the ``--hub`` URLs: the hub replicas, preferred first."""
+    urls = [_hub_url(u) for u in [*source.split(","), *more]]
+    if len(set(urls)) != len(urls):
+        raise UserError(f"a hub URL is given twice in {','.join(urls)}")
+    return urls
+
+
+def _client_tls(hub_urls: list[str], ca_file: Path | None) -> ssl.SSLContext | None:
+    """The TLS context for https hubs: the system roots, or only ``ca_file``'s CA."""
+    if all(urlsplit(u).scheme != "https" for u in hub_urls):
         if ca_file is not None:
             raise UserError("--ca-file needs an https:// hub URL")
         return None
@@ -124,7 +132,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("mount", help="mount a hub's export (foreground unless --daemon)")
-    m.add_argument("hub_url", help="hubd base URL, e.g. http://hub:8600")
+    m.add_argument("hub_url", help="hubd base URL, e.g. http://hub:8600; replicas of one "
+                   "export as URL1,URL2,... (the first preferred, the others used while it "
+                   "fails)")
     m.add_argument("mountpoint", type=Path)
     m.add_argument("--cache-dir", type=Path, required=True, help="local dir for namespace + blocks")
     m.add_argument("--cache-size", type=parse_size, required=True, help="e.g. 500G")
@@ -141,12 +151,17 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--ca-file", type=Path,
                    help="PEM CA certificate(s) to trust for an https:// hub instead of the "
                         "system's roots")
+    m.add_argument("--hub", action="append", metavar="URL",
+                   help="one more hub replica (repeatable), tried after the others")
     m.add_argument("--tier", metavar="URL",
                    help="a regional HTTP cache in front of the hub (deploy/regional): file "
                         "data is read through it, and from the hub when it fails; the "
                         "bearer token is sent to it too")
     m.add_argument("--hub-deadline", type=float, default=60.0,
                    help="seconds an uncached read retries before EIO (default 60)")
+    m.add_argument("--hub-failover-after", type=float, default=10.0,
+                   help="with several hubs: seconds a request waits for a hub that does not "
+                        "answer before it tries the next (default 10)")
     m.add_argument("--mount-deadline", type=float, default=5.0,
                    help="seconds a first mount (no stored namespace) tries to reach the hub "
                         "(default 5)")
@@ -208,13 +223,13 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
     if args.cache_size < _MIN_CACHE_BYTES:
         raise UserError(f"--cache-size {args.cache_size} is too small (at least 1M)")
     token = _read_token(args.token_file) if args.token_file is not None else None
-    hub_url = _hub_url(args.hub_url)
-    tls = _client_tls(hub_url, args.ca_file)
+    hub_urls = _hub_urls(args.hub_url, args.hub or [])
+    tls = _client_tls(hub_urls, args.ca_file)
     if not 0 <= args.metrics_port <= 65535:
         raise UserError(f"--metrics-port {args.metrics_port} is not a port")
     if args.refresh_interval < 0:
         raise UserError("--refresh-interval must not be negative")
-    for name in ("hub_deadline", "mount_deadline"):
+    for name in ("hub_deadline", "mount_deadline", "hub_failover_after"):
         if getattr(args, name) <= 0:
             raise UserError(f"--{name.replace('_', '-')} must be positive")
     if not 0 <= args.max_pinned_share <= 0.9:  # the rest must keep the cache working
@@ -222,7 +237,8 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
     if args.replay is not None:
         trace_file.read(args.replay)  # a bad trace fails before anything is mounted
     return SpokeConfig(
-        hub_url=hub_url, mountpoint=args.mountpoint.absolute(),
+        hub_url=hub_urls[0], hub_fallback_urls=tuple(hub_urls[1:]),
+        hub_failover_after_s=args.hub_failover_after, mountpoint=args.mountpoint.absolute(),
         cache_dir=args.cache_dir.absolute(), cache_max_bytes=args.cache_size,
         uid=args.uid, gid=args.gid, metrics_port=args.metrics_port,
         metrics_addr=args.metrics_addr, token=token, tls=tls, hub_deadline_s=args.hub_deadline,
@@ -266,10 +282,11 @@ def _setup_logging(level: str, log_file: Path | None) -> None:
 
 
 def _warn_plain_token(cfg: SpokeConfig) -> None:
-    host = urlsplit(cfg.hub_url).hostname
-    if cfg.token is not None and cfg.tls is None and host not in _LOOPBACK:
-        log.warning("the token goes to %s over plain HTTP: anyone on the path can read it; "
-                    "serve hubd with --tls-cert/--tls-key and use https://", cfg.hub_url)
+    for url in cfg.hub_urls:
+        parts = urlsplit(url)
+        if cfg.token is not None and parts.scheme != "https" and parts.hostname not in _LOOPBACK:
+            log.warning("the token goes to %s over plain HTTP: anyone on the path can read "
+                        "it; serve hubd with --tls-cert/--tls-key and use https://", url)
 
 
 def _mount(cfg: SpokeConfig, ready_fd: int | None) -> int:
@@ -277,7 +294,7 @@ def _mount(cfg: SpokeConfig, ready_fd: int | None) -> int:
 
     def on_ready(info: NamespaceInfo) -> None:
         print(
-            f"spokefs: mounted {cfg.hub_url} at {cfg.mountpoint} "
+            f"spokefs: mounted {cfg.hub_source} at {cfg.mountpoint} "
             f"({info.entries} entries, generation {info.generation})",
             flush=True,
         )

@@ -77,6 +77,11 @@ class GenerationGone(HubProtocolError):
     """The hub cannot list changes since our generation (410): take a full snapshot."""
 
 
+class HubBehind(HubProtocolError):
+    """Our generation is newer than the hub's (400 to ``/v1/changes``): a replica a rescan
+    behind the one we got it from, or a hub that numbered one tree differently."""
+
+
 class CorruptBlock(SpokeError):
     code = errno.EIO
 

@@ -66,6 +66,16 @@ HUB_SECONDS = Histogram(
 )
 HUB_RETRIES = Counter("spokefs_hub_retries_total", "Hub requests retried after a failure")
 HUB_ERRORS = Counter("spokefs_hub_errors_total", "Failed hub requests", ["reason"])
+HUB_ORIGIN = Gauge(
+    "spokefs_hub_origin", "1 for the hub URL in use, 0 for the mount's other hub replicas", ["url"]
+)
+HUB_FAILOVERS = Counter(
+    "spokefs_hub_failovers_total",
+    "Switches of the hub in use: away from a failing one (failed), back to the preferred one "
+    "(preferred)", ["reason"],
+)
+for _reason in ("failed", "preferred"):
+    HUB_FAILOVERS.labels(reason=_reason)
 LINK_BYTES = Counter(
     "spokefs_link_bytes_total",
     "Body bytes received from the hub, or from the tier when there is one (what crossed "

@@ -36,6 +36,7 @@ from spokefs.errors import UserError
 from spokefs.fetcher import Fetcher
 from spokefs.fuse_ops import SpokeOps
 from spokefs.hub_client import HubClient
+from spokefs.hub_origins import HubOrigins
 from spokefs.job_control import JobControl
 from spokefs.link_model import LinkReach
 from spokefs.mounttab import find_mount
@@ -144,7 +145,7 @@ def _fuse_options(cfg: SpokeConfig) -> set[str]:
     options = set(pyfuse3.default_options)  # default_permissions: the kernel checks modes
     # The source in the mount table is the hub URL, as in an fstab line, so `mount -a`
     # sees the line is mounted already (a comma would split the option: then "spokefs").
-    fsname = cfg.hub_url if "," not in cfg.hub_url else "spokefs"
+    fsname = cfg.hub_source if "," not in cfg.hub_source else "spokefs"
     options |= {"ro", "allow_other", f"fsname={fsname}", "subtype=spokefs"}
     return options
 
@@ -154,11 +155,12 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
     check_mountpoint(cfg)
     _start_metrics(cfg)  # before the hub: a port in use fails the mount at once
     async with AsyncExitStack() as stack:
+        origins = HubOrigins(cfg.hub_urls)
         hub = await stack.enter_async_context(
             HubClient(
-                cfg.hub_url, token=cfg.token, max_connections=cfg.hub_max_connections,
+                origins, token=cfg.token, max_connections=cfg.hub_max_connections,
                 request_timeout_s=cfg.hub_request_timeout_s, deadline_s=cfg.hub_deadline_s,
-                tls=cfg.tls, tier_url=cfg.tier_url,
+                tls=cfg.tls, tier_url=cfg.tier_url, failover_after_s=cfg.hub_failover_after_s,
             )
         )
         ns = Namespace(cfg.cache_dir / "namespace")
@@ -190,7 +192,7 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             pyfuse3.init(ops, str(cfg.mountpoint), _fuse_options(cfg))
         except RuntimeError as exc:
             raise UserError(f"cannot mount on {cfg.mountpoint}: {exc}") from None
-        log.info("mounted %s at %s (open mode %s%s)", cfg.hub_url, cfg.mountpoint,
+        log.info("mounted %s at %s (open mode %s%s)", cfg.hub_source, cfg.mountpoint,
                  cfg.open_mode, f", data through the tier {cfg.tier_url}" if cfg.tier_url else "")
         set_kernel_readahead(cfg.mountpoint, cfg.kernel_readahead_kib)
         clean = False
@@ -207,6 +209,8 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
                 await nursery.start(replayer.run)
                 if replay is not None:  # epoch 1 of the next run reads warm data
                     replayer.start(replay, cfg.replay_path.name if cfg.replay_path else "")
+                if origins.several:
+                    await nursery.start(origins.watch_preferred, hub.probe)
                 if prefetcher is not None:
                     await nursery.start(prefetcher.run)
                     nursery.start_soon(hub.keep_warm, prefetcher.warm_connections,
