@@ -20,6 +20,15 @@ read error is a mismatch; any mismatch makes the benchmark exit 1). Configuratio
   time = copy + epoch;
 - ``rclone``: ``rclone serve http`` -> longlink -> ``rclone mount :http: --vfs-cache-mode
   full`` (skipped with a note where rclone is not installed);
+- ``spoke-replay``: the second run of the job on a fresh node: after the spoke-cold and
+  spoke-warm epochs, ``spokefs trace save`` exports the mount's access trace, and a fresh
+  ``spokefs mount --replay TRACE`` (empty cache dir, same link) runs one epoch at once, in
+  the same order as the traced run (a rerun of the same seeded job; ``--replay-reshuffle``
+  shuffles it with another seed instead), while the replay fetches the trace's working set
+  in the background. Its figures: samples/s after the first 100 batches over spoke-warm's
+  (same run and mode), epoch time over local, link bytes from the mount to the end of the
+  epoch over the trace's working set, and the p99 of reads that waited for the hub
+  (``spokefs_read_miss_seconds``) over spoke-cold's (the same mount without a replay);
 - ``bucket-cold``: ``hubd serve s3://BUCKET`` -> longlink (its own) -> a fresh ``spokefs
   mount``, one cold epoch; the dataset is uploaded once per RTT to a real SeaweedFS (``weed
   mini`` on 127.0.0.1, tests/helpers/seaweed.py). ``--hub-source both`` adds it next to the
@@ -60,6 +69,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import http.client
 import json
 import math
@@ -95,6 +105,7 @@ import benchlib as bl  # noqa: E402
 from longlink import LongLinkProcess  # noqa: E402
 
 from hubd import wire  # noqa: E402
+from spokefs import trace_file  # noqa: E402
 
 RESULTS = HERE / "results" / "train.jsonl"
 KIB, MIB = 1024, 1024 * 1024
@@ -107,9 +118,11 @@ COMPUTE_BOUND_WAIT = 0.05  # train mode: local is compute-bound if it waits less
 SAMPLE_PERIOD_S = 0.5
 # num_workers=4 on 2 cores is the issue's choice (a training job's usual setting): no warning.
 warnings.filterwarnings("ignore", message="This DataLoader will create")
-CONFIGS = ("local", "spoke-cold", "spoke-warm", "spoke-remount", "ceiling", "copy-first",
-           "rclone", "bucket-cold")
-SPOKE_CONFIGS = ("spoke-cold", "spoke-warm", "spoke-remount")
+CONFIGS = ("local", "spoke-cold", "spoke-warm", "spoke-remount", "spoke-replay", "ceiling",
+           "copy-first", "rclone", "bucket-cold")
+SPOKE_CONFIGS = ("spoke-cold", "spoke-warm", "spoke-remount", "spoke-replay")
+REPLAY_SEED_SHIFT = 7919  # --replay-reshuffle: the replayed run's other shuffle
+AFTER_BATCHES = 100  # issue 13: "the warm rate after the first 100 batches"
 LINK_CONFIGS = (*SPOKE_CONFIGS, "copy-first", "rclone", "bucket-cold")
 MODES = ("io", "train")
 CEILING_READY = re.compile(r"^ceiling_fs: mounted (\d+) files")
@@ -123,6 +136,12 @@ ISSUE_GOALS = (
     "Warm, I/O only (after a remount, page cache dropped): >= 0.8 of the in-memory pyfuse3 "
     "ceiling measured in the same run, and state the ratio to local.",
     "Hit ratio after the first epoch (dataset fits the cache): >= 0.99.",
+    # issue 13 (job-aware prefetch)
+    "A second run of the training benchmark on a fresh node (empty cache) with `--replay` of "
+    "the first run's trace at 60 ms RTT: epoch 1 in training mode >= 0.95 of the warm rate "
+    "after the first 100 batches, and the whole epoch <= 1.05 x the local epoch.",
+    "Replay link bytes <= 1.02 x the trace's working set; demand read p99 during a replay no "
+    "worse than 2 x without it.",
 )
 GOALS = (
     bl.Goal(ISSUE_GOALS[0], "cold_io_bound", "spoke-cold, io: samples/s / link bound",
@@ -141,6 +160,14 @@ GOALS = (
     bl.Goal(ISSUE_GOALS[3], "hit_warm", "spoke-warm: block hit ratio (worst mode)", ">=", 0.99),
     bl.Goal(ISSUE_GOALS[3], "hit_remount", "spoke-remount: block hit ratio (worst mode)",
             ">=", 0.99),
+    bl.Goal(ISSUE_GOALS[4], "replay_after", "spoke-replay, train: samples/s after batch 100 "
+            "/ spoke-warm's", ">=", 0.95, (60,)),
+    bl.Goal(ISSUE_GOALS[4], "replay_epoch", "spoke-replay, train: epoch s / local epoch s",
+            "<=", 1.05, (60,)),
+    bl.Goal(ISSUE_GOALS[5], "replay_link", "spoke-replay: link bytes / trace working set "
+            "(worst mode)", "<=", 1.02),
+    bl.Goal(ISSUE_GOALS[5], "replay_p99", "spoke-replay: p99 of reads that waited for the hub "
+            "/ spoke-cold's (worst mode)", "<=", 2.0),
 )
 # Issue 15 (hub over object storage), graded when bucket-cold and spoke-cold both ran.
 BUCKET_GOALS = (
@@ -348,6 +375,13 @@ def rate_split(ep: Epoch, first: int = FIRST_BATCHES) -> tuple[float | None, flo
     return n1 / t1, n2 / max(1e-9, ep.batch_t[-1] - t1)
 
 
+def rate_after(ep: Epoch, first: int = AFTER_BATCHES) -> float | None:
+    """Samples/s from the end of batch ``first`` to the end of the epoch (None if too few)."""
+    if len(ep.batch_t) <= first:
+        return None
+    return sum(ep.batch_n[first:]) / max(1e-9, ep.batch_t[-1] - ep.batch_t[first - 1])
+
+
 def rolling_rates(ep: Epoch, window: int = WINDOW_BATCHES) -> list[tuple[float, float]]:
     """(time, samples/s over the last ``window`` batches) at each batch; the first batches
     count from the start of the epoch (a partial window), so the ramp shows."""
@@ -388,6 +422,31 @@ class Watch:
 
 
 HIT_KEYS = ("spokefs_block_hits_total", "spokefs_block_misses_total")
+MISS_HIST = "spokefs_read_miss_seconds_bucket"
+_LE = re.compile(r'le="([^"]+)"')
+
+
+def histogram_quantile(q: float, before: dict[str, float],
+                       after: dict[str, float]) -> float | None:
+    """The q-quantile of what a histogram observed between two scrapes, interpolated within
+    its bucket as Prometheus' ``histogram_quantile`` does; None if it observed nothing."""
+    buckets = []
+    for key, value in after.items():
+        m = _LE.search(key)
+        if m:
+            buckets.append((float(m.group(1)), value - before.get(key, 0.0)))
+    buckets.sort()
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower, below = 0.0, 0.0
+    for upper, count in buckets:
+        if count >= rank:
+            if math.isinf(upper):
+                return lower
+            return lower + (upper - lower) * (rank - below) / max(count - below, 1e-9)
+        lower, below = upper, count
+    return None
 
 
 def block_counts(url: str | None) -> tuple[float, float] | None:
@@ -450,6 +509,7 @@ def measure(env: Env, ctx: Ctx, config: str, root: Path, watch: Watch,
     budget = env.deadline.timeout(budget_s or env.args.epoch_budget_s)
     bl.drop_caches()
     l0, k0 = bl.link_counters(watch.link), block_counts(watch.metrics_url)
+    h0 = bl.scrape(watch.metrics_url, (MISS_HIST,))
     cpu = bl.CpuMeter(watch.pids())
     sampler = Sampler(watch)
     ep, stuck = run_epoch(root, ctx.ds, ctx.seed, ctx.mode, env.args, budget)
@@ -458,7 +518,11 @@ def measure(env: Env, ctx: Ctx, config: str, root: Path, watch: Watch,
     if watch.link is not None:
         time.sleep(0.5)  # bytes still on their way
     l1, k1 = bl.link_counters(watch.link), block_counts(watch.metrics_url)
+    h1 = bl.scrape(watch.metrics_url, (MISS_HIST,))
     rec = epoch_record(ctx, config, ep, copy)
+    if h1:
+        p99 = histogram_quantile(0.99, h0, h1)
+        rec["miss_p99_ms"] = p99 * 1000 if p99 is not None else None
     rec.update(cpu_figures(ep, watch, cpu_out))
     if watch.link is not None:
         moved = l1.minus(l0).bytes_down + (copy or {}).get("link_bytes", 0)
@@ -490,7 +554,8 @@ def epoch_record(ctx: Ctx, config: str, ep: Epoch, copy: dict[str, Any] | None) 
         "first_batch_s": pre + ep.first_batch_s,
         "wait_after_first_frac": ((ep.wait_s - ep.first_batch_s) / seconds
                                   if seconds and ep.batch_t else None),
-        "rate_first": first, "rate_rest": rest, "mismatches": ep.mismatches,
+        "rate_first": first, "rate_rest": rest, "rate_after": rate_after(shifted),
+        "mismatches": ep.mismatches,
         "read_errors": ep.errors, "cut": ep.cut,
         "reach_batch": reach_batch(shifted, 0.99 * local_rate if local_rate else None),
         "ratio_local": rate / local_rate if local_rate else None,
@@ -604,11 +669,12 @@ def run_local(env: Env, ctx: Ctx) -> None:
 
 
 @contextlib.contextmanager
-def _spoke(env: Env, url: str, cache: Path, tag: str) -> Iterator[bl.Mount]:
+def _spoke(env: Env, url: str, cache: Path, tag: str,
+           extra: tuple[str, ...] = ()) -> Iterator[bl.Mount]:
     mnt = env.new_dir(f"mnt-spoke-{tag}-")
     env.mounts.append(mnt)
     with bl.spoke_mount(url, mnt, cache, env.run_dir / f"spokefs-{tag}.log", env.deadline,
-                        env.args.cache_size, env.args.spoke_arg) as m:
+                        env.args.cache_size, [*env.args.spoke_arg, *extra]) as m:
         yield m
     check_unmount(env, m, f"spokefs ({tag})")
 
@@ -621,7 +687,8 @@ def _spoke_watch(link: LongLinkProcess, m: bl.Mount, srv: Servers) -> Watch:
 
 def run_spoke(env: Env, ctx: Ctx, srv: Servers) -> None:
     """spoke-cold and spoke-warm on a fresh mount, then spoke-remount on the same cache (any
-    of them implies spoke-cold: it fills the cache)."""
+    of them implies spoke-cold: it fills the cache), then spoke-replay on a fresh cache with
+    the first mount's trace."""
     wanted = [c for c in SPOKE_CONFIGS if env.want(c)]
     if not wanted:
         return
@@ -636,11 +703,53 @@ def run_spoke(env: Env, ctx: Ctx, srv: Servers) -> None:
                         rec = measure(env, ctx, config, m.path, _spoke_watch(link, m, srv))
                         m.stuck |= rec["stuck_reader"]
                         report(env, rec)
+                if env.want("spoke-replay"):
+                    trace = save_trace(env, m, tag)
             if env.want("spoke-remount"):
                 with _spoke(env, url, cache, f"{tag}-b") as m:
                     rec = measure(env, ctx, "spoke-remount", m.path, _spoke_watch(link, m, srv))
                     m.stuck |= rec["stuck_reader"]
                     report(env, rec)
+            if env.want("spoke-replay"):
+                run_replay(env, ctx, srv, link, trace, tag)
+    finally:
+        if not env.args.keep:
+            shutil.rmtree(cache, ignore_errors=True)
+
+
+def save_trace(env: Env, m: bl.Mount, tag: str) -> Path:
+    """``spokefs trace save`` of a mount: the job's trace, for the next run."""
+    trace = env.run_dir / f"trace-{tag}.trace"
+    done = subprocess.run([sys.executable, "-m", "spokefs", "trace", "save", str(trace),
+                           "--mount", str(m.path)], capture_output=True, text=True,
+                          timeout=env.deadline.timeout(120), cwd=REPO, env=bl.child_env(),
+                          check=False)
+    if done.returncode != 0:
+        raise bl.BenchError(f"spokefs trace save: {done.stderr.strip()}")
+    return trace
+
+
+def run_replay(env: Env, ctx: Ctx, srv: Servers, link: LongLinkProcess, trace: Path,
+               tag: str) -> None:
+    """The next run on a fresh node: an empty cache, ``--replay`` of the trace, one epoch
+    (in another order) at once."""
+    cache = env.new_dir(f"cache-replay-{ctx.rtt}-{ctx.mode}-{ctx.run}-")
+    working_set = trace_file.summary(trace_file.read(trace)[1])["bytes"]
+    shift = REPLAY_SEED_SHIFT if env.args.replay_reshuffle else 0
+    nxt = dataclasses.replace(ctx, seed=ctx.seed + shift)
+    before = bl.link_counters(link)  # the replay starts at the mount, before the epoch
+    try:
+        with _spoke(env, f"http://127.0.0.1:{link.port}", cache, f"{tag}-replay",
+                    ("--replay", str(trace))) as m:
+            rec = measure(env, nxt, "spoke-replay", m.path, _spoke_watch(link, m, srv))
+            m.stuck |= rec["stuck_reader"]
+            with contextlib.suppress(OSError, ValueError):
+                rec["replay"] = json.loads(os.getxattr(m.path, "user.spokefs.replay"))
+            rec["trace_bytes"] = working_set
+            rec["shuffle_seed"] = nxt.seed
+            rec["replay_link_bytes"] = bl.link_counters(link).minus(before).bytes_down
+            rec["link_per_trace_byte"] = rec["replay_link_bytes"] / working_set
+            report(env, rec)
     finally:
         if not env.args.keep:
             shutil.rmtree(cache, ignore_errors=True)
@@ -931,6 +1040,12 @@ def finish_run(env: Env, ctx: Ctx) -> None:
     if ceiling and ceiling["samples_per_s"]:
         for rec in mine:
             rec["ratio_ceiling"] = rec["samples_per_s"] / ceiling["samples_per_s"]
+    by = {r["config"]: r for r in mine}
+    replay, warm, cold = by.get("spoke-replay"), by.get("spoke-warm"), by.get("spoke-cold")
+    if replay and warm and replay.get("rate_after") and warm.get("rate_after"):
+        replay["after_over_warm"] = replay["rate_after"] / warm["rate_after"]
+    if replay and cold and replay.get("miss_p99_ms") and cold.get("miss_p99_ms"):
+        replay["p99_over_cold"] = replay["miss_p99_ms"] / cold["miss_p99_ms"]
 
 
 # -- summary: figures, table, goals, plots -----------------------------------------------------
@@ -955,6 +1070,11 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (  # (heading, record key, format)
     ("link B / B read", "link_per_byte", "{:.3f}"),
     ("x link bound", "frac_bound", "{:.2f}"),
     ("hit ratio", "hit_ratio", "{:.3f}"),
+    (f"after {AFTER_BATCHES} batches /s", "rate_after", "{:.0f}"),
+    ("x warm after 100", "after_over_warm", "{:.2f}"),
+    ("link B / trace B", "link_per_trace_byte", "{:.3f}"),
+    ("miss read p99 ms", "miss_p99_ms", "{:.0f}"),
+    ("x cold p99", "p99_over_cold", "{:.2f}"),
     ("daemon CPU ms/sample", "daemon_cpu_ms_per_sample", "{:.2f}"),
     ("hub CPU ms/MB", "hub_cpu_ms_per_mb", "{:.2f}"),
     ("machine CPU % of all cores", "machine_busy_pct", "{:.0f}"),
@@ -1006,6 +1126,14 @@ def goal_value(env: Env, goal: bl.Goal, rtt: int) -> tuple[float | None, str]:
         local = med("io", "spoke-remount", "ratio_local")
         note = f"ratio to local {local:.2f}" if local is not None else ""
         return med("io", "spoke-remount", "ratio_ceiling"), note
+    if goal.key == "replay_after":
+        return med("train", "spoke-replay", "after_over_warm"), ""
+    if goal.key == "replay_epoch":
+        return med("train", "spoke-replay", "epoch_over_local"), ""
+    if goal.key in ("replay_link", "replay_p99"):
+        key = "link_per_trace_byte" if goal.key == "replay_link" else "p99_over_cold"
+        vals = [v for m in MODES if (v := med(m, "spoke-replay", key)) is not None]
+        return (max(vals) if vals else None), ""
     config = "spoke-warm" if goal.key == "hit_warm" else "spoke-remount"
     vals = [v for m in MODES if (v := med(m, config, "hit_ratio")) is not None]
     return (min(vals) if vals else None), ""
@@ -1113,6 +1241,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--window-bytes", type=int, default=4 * MIB, help="window per connection")
     p.add_argument("--cache-size", default="8G", help="spokefs --cache-size (8G)")
     p.add_argument("--epoch-budget-s", type=float, default=300.0, help="cap per epoch (300)")
+    p.add_argument("--replay-reshuffle", action="store_true",
+                   help="spoke-replay: read in another order than the traced run (off: the "
+                        "same seeded order, a rerun of the same job)")
     p.add_argument("--rclone-budget-s", type=float, default=90.0,
                    help="cap per rclone epoch; once cut at an RTT, rclone is not run again "
                         "there (90)")
@@ -1152,7 +1283,7 @@ def apply_presets(args: argparse.Namespace, p: argparse.ArgumentParser,
         args.files, args.dirs, args.long_files, args.long_dirs = 60, 3, 60, 3
         args.rtts, args.runs, args.modes = "4", 1, "io"
         if "--only" not in explicit:
-            args.only = "local,spoke-cold,spoke-warm,spoke-remount"
+            args.only = "local,spoke-cold,spoke-warm,spoke-remount,spoke-replay"
         args.plots = False if args.plots is None else args.plots
     if args.max_seconds is None:
         args.max_seconds = 150.0 if args.smoke else 1200.0 if args.quick else 3600.0

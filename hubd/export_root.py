@@ -6,9 +6,22 @@ Responsibilities:
   and symlink, parent before child, root first; see ``scan.py`` and ``snapshot.py``).
 - ``ExportRoot.rescan``: scan again (the old snapshot keeps serving meanwhile). Nothing
   changed: the generation stays and nothing is encoded. Else the new snapshot gets
-  generation ``max(previous + 1, time_ns // 1000)``, is encoded once (so each
+  generation ``next_generation(previous, table)`` (below), is encoded once (so each
   ``GET /v1/snapshot`` only streams prebuilt bytes), its ``changes.diff`` from the previous
   one joins the ``History``, and snapshot and history are swapped in together.
+- Generations are a function of the table, so that two hubs over one export (replicas,
+  or one hub before and after a restart) that list the same entries give them the same
+  generation, whenever each scanned: ``generation_of(table)`` is the newest mtime in the
+  table in milliseconds, shifted left by 20 bits, plus the low 20 bits of the xxh3_64 of
+  the table's records. A change to the tree normally sets some listed mtime to "now" (a
+  new, written or renamed file; a directory whose entries changed), so it normally grows.
+  When it does not (a chmod, an mtime set into the past: ``touch -d``, ``rsync -t``),
+  ``next_generation`` takes the previous generation's millisecond plus one, with the new
+  table's 20 bits: it still grows, but a replica that did not see the same sequence of
+  trees may number that tree differently. That is safe (a spoke asking it for
+  ``since=G`` gets 410 or 400 and takes a snapshot, see wire.py), only slower; the next
+  ordinary change brings the numbers together again. One number names one tree unless
+  two different trees with the same newest millisecond also agree in 20 hash bits.
 - ``ExportRoot.open_file``: map a file id to its path in a snapshot and open it by walking
   from ROOT's directory fd with ``O_NOFOLLOW`` at every step, so no symlink (even one
   swapped in after the scan) is ever followed, and nothing outside ROOT is read.
@@ -33,13 +46,15 @@ import threading
 import time
 from dataclasses import dataclass
 
+import xxhash
+
 from hubd.changes import Diff, History, diff
 from hubd.errors import Forbidden, ReadFailed, StaleVersion, UnknownFile
 from hubd.scan import ScanCancelled, file_id_of, scan, version_of
 from hubd.snapshot import IdCollision, Snapshot, Table, TableBuilder
 
 __all__ = ["ExportRoot", "ExportState", "Rescan", "ScanCancelled", "Snapshot", "file_id_of",
-           "next_generation", "version_of"]
+           "generation_of", "next_generation", "version_of"]
 
 log = logging.getLogger(__name__)
 
@@ -50,9 +65,27 @@ _WALK_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 
 
-def next_generation(previous: int) -> int:
-    """A generation above ``previous`` that also grows across restarts (microsecond clock)."""
-    return max(previous + 1, time.time_ns() // 1000)
+# A generation is (milliseconds << _GEN_HASH_BITS) | hash bits, kept under 2**63 (signed
+# 64-bit stores): milliseconds up to 2**43 (year 2248) leave 20 bits of tree hash.
+_GEN_HASH_BITS = 20
+_GEN_HASH_MASK = (1 << _GEN_HASH_BITS) - 1
+_GEN_MS_MAX = (1 << (63 - _GEN_HASH_BITS)) - 1
+
+
+def generation_of(table: Table) -> int:
+    """The generation a table gets on any hub, unless its predecessor forbids it (below)."""
+    ms = min(max(table.max_mtime_ns // 1_000_000, 0), _GEN_MS_MAX)
+    return (ms << _GEN_HASH_BITS) | (xxhash.xxh3_64_intdigest(table.records) & _GEN_HASH_MASK)
+
+
+def next_generation(previous: int, table: Table) -> int:
+    """The generation of ``table`` after one numbered ``previous``: ``generation_of(table)``
+    if it is above ``previous``, else previous's millisecond + 1 with table's hash bits."""
+    derived = generation_of(table)
+    if derived > previous:
+        return derived
+    bumped = (((previous >> _GEN_HASH_BITS) + 1) << _GEN_HASH_BITS) | (derived & _GEN_HASH_MASK)
+    return bumped if bumped < 1 << 63 else previous + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +130,7 @@ class ExportRoot:
         self._max_steps = max_change_steps
         self._max_bytes = max_change_bytes
         self._root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._root_dev = os.fstat(self._root_fd).st_dev
         self._scan_lock = threading.Lock()  # one scan at a time
         self._state: ExportState | None = None
         self.last_rescan: Rescan | None = None
@@ -142,7 +176,8 @@ class ExportRoot:
             if cancel is not None and cancel.is_set():
                 raise ScanCancelled
             diffed = time.perf_counter()
-            generation = next_generation(old.snapshot.generation if old is not None else 0)
+            generation = next_generation(old.snapshot.generation if old is not None else 0,
+                                         table)
             encoded = table.encode(generation, self._zlib_level)
             done = time.perf_counter()
             snap = Snapshot(generation, table, encoded, scanned - start, done - diffed)
@@ -201,44 +236,60 @@ class ExportRoot:
         Returns:
             ``(fd, size)``; the caller closes ``fd``.
 
+        A version the snapshot does not list yet is served when the file on disk has it:
+        a replica hub one rescan behind another (``wire.py``, "Replicas") still serves the
+        versions its peer listed, for the files whose paths it knows. The disk check is
+        what makes any answer right, listed version or not.
+
         Raises:
             UnknownFile: no such regular file in ``snap``, or it is gone from disk.
-            StaleVersion: the snapshot or the disk has another version (or the path changed).
+            StaleVersion: the disk has another version (or the path changed).
             Forbidden, ReadFailed: EACCES, or another OS error.
         """
         entry = snap.lookup(file_id)
         if entry is None or not stat.S_ISREG(entry.mode):
             raise UnknownFile(f"no file {file_id:016x} in generation {snap.generation}")
-        if entry.version != version:
-            raise StaleVersion(f"file {file_id:016x} is at version {entry.version:016x}")
         parts = snap.path_parts(file_id)
         assert parts  # a regular file is never the root
-        fd = self._open_confined(parts)
+        fd, dev, mount = self._open_confined(parts)
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or file_id_of(st) != file_id:
+            if st.st_dev != dev:  # the file itself is a mount point (a bind-mounted file)
+                mount = b"/".join(parts)
+            if not stat.S_ISREG(st.st_mode) or file_id_of(st, mount) != file_id:
                 raise StaleVersion(f"file {file_id:016x} was replaced on disk")
             if version_of(st) != version:
-                raise StaleVersion(f"file {file_id:016x} changed on disk")
+                raise StaleVersion(f"file {file_id:016x} is at version {entry.version:016x}"
+                                   if entry.version != version else
+                                   f"file {file_id:016x} changed on disk")
             return fd, st.st_size
         except BaseException:
             os.close(fd)
             raise
 
-    def _open_confined(self, parts: list[bytes]) -> int:
-        """Walk ``parts`` from ROOT's fd, never following a symlink; open the leaf."""
+    def _open_confined(self, parts: list[bytes]) -> tuple[int, int, bytes]:
+        """Walk ``parts`` from ROOT's fd, never following a symlink; open the leaf.
+
+        Returns:
+            ``(fd, st_dev, mount)`` with ``st_dev`` and ``mount`` (``scan.file_id_of``) of
+            the leaf's directory.
+        """
         dir_fd = self._root_fd
+        dev, mount = self._root_dev, b""
         opened: list[int] = []
         try:
-            for name in parts[:-1]:
+            for depth, name in enumerate(parts[:-1], 1):
                 dir_fd = os.open(name, _WALK_DIR_FLAGS, dir_fd=dir_fd)
                 opened.append(dir_fd)
+                st = os.fstat(dir_fd)
+                if st.st_dev != dev:  # a mount point below ROOT
+                    dev, mount = st.st_dev, b"/".join(parts[:depth])
             # lstat first, so a device node swapped in is not even opened (O_NOFOLLOW
             # and fstat still cover the race between this check and the open).
             st = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
             if not stat.S_ISREG(st.st_mode):
                 raise StaleVersion("the file was replaced by another kind of entry")
-            return os.open(parts[-1], _FILE_FLAGS, dir_fd=dir_fd)
+            return os.open(parts[-1], _FILE_FLAGS, dir_fd=dir_fd), dev, mount
         except OSError as exc:
             raise _open_error(exc) from None
         finally:

@@ -25,7 +25,7 @@ import xxhash
 
 from hubd import wire
 from hubd.errors import StaleVersion, UnknownFile
-from hubd.export_root import file_id_of, version_of
+from hubd.export_root import version_of
 from hubd.snapshot import Snapshot
 
 _PLANS_KEPT = 512  # directories whose packs are kept per snapshot
@@ -75,7 +75,7 @@ class FramedBlob:
         data_stop = min(data_start + wire.SLICE_DATA_BYTES, self._size)
         data = pread_exact(self._fd, data_start, data_stop)
         st = os.fstat(self._fd)
-        if file_id_of(st) != self._file_id or version_of(st) != self._version:
+        if version_of(st) != self._version:  # the same fd: the same inode, so the same id
             raise StaleVersion(f"file {self._file_id:016x} changed while being read")
         parts: list[bytes] = []
         view = memoryview(data)

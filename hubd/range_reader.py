@@ -41,7 +41,7 @@ from hubd.errors import (
     StaleVersion,
     UnknownFile,
 )
-from hubd.export_root import ExportRoot, file_id_of, version_of
+from hubd.export_root import ExportRoot, version_of
 from hubd.framed import FramedBlob, FramedRange, PackPlans, pread_exact
 from hubd.snapshot import Snapshot
 
@@ -236,7 +236,7 @@ class RangeReader:
                 raise StaleVersion(f"file {file_id:016x} changed on disk")
             data = pread_exact(fd, 0, size)
             st = os.fstat(fd)  # again: a write during the read changes mtime, so the version
-            if file_id_of(st) != file_id or version_of(st) != version:
+            if version_of(st) != version:  # the same fd: the same inode, so the same id
                 raise StaleVersion(f"file {file_id:016x} changed while being read")
         finally:
             os.close(fd)

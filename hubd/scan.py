@@ -2,11 +2,18 @@
 
 Invariants:
 
-- A file id is a 63-bit xxh64 of ``(st_dev, st_ino)`` (at least ``wire.MIN_FILE_ID``):
-  hard links share it, it survives renames and hub restarts. Two different inodes hashing
-  to one id (a collision) keep the first; the second is logged and left out.
+- A file id is a 63-bit xxh64 of ``(st_ino, mount)`` (at least ``wire.MIN_FILE_ID``), where
+  ``mount`` names the filesystem the inode lives on *by where it sits in the export*, not
+  by ``st_dev``: ``b""`` for ROOT's filesystem, and for an entry whose ``st_dev`` differs
+  from its parent directory's (a mount point below ROOT) its path relative to ROOT; its
+  descendants inherit that name. So two hubs that see the same tree through different
+  ``st_dev`` numbers (one NFS export mounted on two machines) give every inode the same
+  id, and equal inode numbers on two filesystems below ROOT still get different ids. Hard
+  links share an id; an id survives renames (within its filesystem) and hub restarts. Two
+  different inodes hashing to one id (a collision) keep the first; the second is logged
+  and left out. The scan crosses mount points below ROOT, as it always has.
 - A version is the xxh64 of ``(size, mtime_ns, st_ino)``: it changes whenever the bytes may
-  have changed.
+  have changed, and it does not depend on ``st_dev`` either.
 - The scan never follows a symlink and never crosses a directory through a path string:
   each directory is opened relative to its parent's fd with ``O_NOFOLLOW`` and its identity
   checked with fstat, so a directory swapped for a symlink mid-scan is skipped, not followed.
@@ -33,7 +40,7 @@ log = logging.getLogger(__name__)
 
 # Ids are 63-bit so they also fit signed 64-bit integers (SQLite, off_t-like APIs).
 _ID_MASK = (1 << 63) - 1
-_DEV_INO = struct.Struct("<QQ")
+_INO = struct.Struct("<Q")
 _VERSION = struct.Struct("<QqQ")
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _NLINK_MAX = 2**32 - 1  # the wire field is a uint32
@@ -48,9 +55,14 @@ _SKIPPED_KINDS = {
 }
 
 
-def file_id_of(st: os.stat_result) -> int:
-    """The stable id of the inode behind ``st`` (same for every hard link)."""
-    h = xxhash.xxh64_intdigest(_DEV_INO.pack(st.st_dev, st.st_ino)) & _ID_MASK
+def file_id_of(st: os.stat_result, mount: bytes = b"") -> int:
+    """The stable id of the inode behind ``st`` (same for every hard link).
+
+    Args:
+        mount: where the inode's filesystem is mounted, relative to ROOT (``b""``: ROOT's
+            own filesystem); see the module docstring.
+    """
+    h = xxhash.xxh64_intdigest(_INO.pack(st.st_ino) + mount) & _ID_MASK
     return h if h >= wire.MIN_FILE_ID else h + wire.MIN_FILE_ID
 
 
@@ -64,6 +76,10 @@ def version_of(st: os.stat_result) -> int:
     return xxhash.xxh64_intdigest(_VERSION.pack(st.st_size, _mtime_ns(st), st.st_ino))
 
 
+# A subdirectory to walk: (name, id, st_dev, mount), ``mount`` as in ``file_id_of``.
+_Subdir = tuple[bytes, int, int, bytes]
+
+
 class ScanCancelled(Exception):
     """The scan was asked to stop (hubd is shutting down)."""
 
@@ -73,8 +89,9 @@ class _Walk:
 
     Attributes:
         table: what the snapshot will list, in order, directory by directory.
-        _dirs: directory id -> (parent id, name, ``st_dev << 64 | st_ino``): catches a
-            directory seen twice (a bind mount: a cycle) and names paths in log lines.
+        _dirs: directory id -> (parent id, name): names paths in log lines and mount points.
+        _dir_keys: ``st_dev << 64 | st_ino`` of every directory listed: a directory seen
+            twice (a bind mount of an ancestor: a cycle) is skipped, whatever its id.
         _seen, _links: only when ``exact``: every id listed so far, and the inode of each
             multi-link file, so a hash collision is left out at once. Without them (1M ids
             cost ~64 MB), ``TableBuilder.build`` detects collisions afterwards, and the scan
@@ -85,17 +102,19 @@ class _Walk:
         self._root_fd = root_fd
         self._cancel = cancel
         self.table = TableBuilder()
-        self._dirs: dict[int, tuple[int, bytes, int]] = {}
+        self._dirs: dict[int, tuple[int, bytes]] = {}
+        self._dir_keys: set[int] = set()
         self._exact = exact
         self._seen: set[int] = set()
         self._links: dict[int, int] = {}
 
     def run(self) -> int:
         """Walk the whole tree; returns the root id."""
-        root_id = self._add(os.fstat(self._root_fd), 0, b"", b"")
+        root_st = os.fstat(self._root_fd)
+        root_id = self._add(root_st, 0, b"", b"", b"")
         assert root_id is not None  # the first entry cannot collide
-        stack: list[tuple[int, Iterator[tuple[bytes, int]]]] = [
-            (self._root_fd, iter(self._list(self._root_fd, root_id)))
+        stack: list[tuple[int, Iterator[_Subdir]]] = [
+            (self._root_fd, iter(self._list(self._root_fd, root_id, root_st.st_dev, b"")))
         ]
         try:
             while stack:
@@ -106,33 +125,36 @@ class _Walk:
                     if fd != self._root_fd:
                         os.close(fd)
                     continue
-                child_fd = self._open_dir(fd, *item, depth=len(stack))
+                child_fd = self._open_dir(fd, item, depth=len(stack))
                 if child_fd is not None:
-                    stack.append((child_fd, iter(self._list(child_fd, item[1]))))
+                    stack.append((child_fd, iter(self._list(child_fd, *item[1:]))))
         finally:
             for fd, _ in stack:
                 if fd != self._root_fd:
                     os.close(fd)
         return root_id
 
-    def _list(self, dir_fd: int, dir_id: int) -> list[tuple[bytes, int]]:
-        """Add the children of one directory; returns its subdirectories (name, id)."""
+    def _list(self, dir_fd: int, dir_id: int, dev: int, mount: bytes) -> list[_Subdir]:
+        """Add the children of one directory (on filesystem ``dev``, mounted at ``mount``);
+        returns its subdirectories."""
         if self._cancel is not None and self._cancel.is_set():
             raise ScanCancelled
-        subdirs: list[tuple[bytes, int]] = []
+        subdirs: list[_Subdir] = []
         self.table.open_block(dir_id)
         try:
             with os.scandir(dir_fd) as it:
                 for de in it:
                     name = os.fsencode(de.name)
-                    file_id = self._child(dir_fd, dir_id, name, de)
-                    if file_id is not None and file_id in self._dirs:
-                        subdirs.append((name, file_id))
+                    child = self._child(dir_fd, dir_id, dev, mount, name, de)
+                    if child is not None and child[1] in self._dirs:
+                        subdirs.append(child)
         except OSError as exc:
             log.warning("cannot list %s: %s (skipped)", self._show(dir_id), exc.strerror)
         return subdirs
 
-    def _child(self, dir_fd: int, dir_id: int, name: bytes, de: os.DirEntry[str]) -> int | None:
+    def _child(self, dir_fd: int, dir_id: int, dev: int, mount: bytes, name: bytes,
+               de: os.DirEntry[str]) -> _Subdir | None:
+        """List one child; returns it (name, id, st_dev, mount), or None if left out."""
         try:
             st = de.stat(follow_symlinks=False)
             kind = stat.S_IFMT(st.st_mode)
@@ -146,27 +168,29 @@ class _Walk:
             what = _SKIPPED_KINDS.get(kind, "special file")
             log.warning("skipping %s %s", what, self._show(dir_id, name))
             return None
-        return self._add(st, dir_id, name, target)
+        if st.st_dev != dev:  # a mount point: its filesystem is named by its path
+            mount = self._path(dir_id, name)
+        file_id = self._add(st, dir_id, name, target, mount)
+        return None if file_id is None else (name, file_id, st.st_dev, mount)
 
-    def _add(self, st: os.stat_result, parent_id: int, name: bytes, target: bytes) -> int | None:
+    def _add(self, st: os.stat_result, parent_id: int, name: bytes, target: bytes,
+             mount: bytes) -> int | None:
         """List one entry; returns its id, or None if it is left out."""
-        file_id = file_id_of(st)
+        file_id = file_id_of(st, mount)
         key = (st.st_dev << 64) | st.st_ino
         is_dir = stat.S_ISDIR(st.st_mode)
-        known = self._dirs.get(file_id)
-        if known is not None:
-            if is_dir and known[2] == key:
-                # A directory seen twice (a bind mount of an ancestor) would make a cycle.
-                log.warning("directory %s seen twice (bind mount?): skipped",
-                            self._show(parent_id, name))
-            else:
-                log.warning("file id collision: %s skipped", self._show(parent_id, name))
+        if is_dir and key in self._dir_keys:
+            # A directory seen twice (a bind mount of an ancestor) would make a cycle.
+            log.warning("directory %s seen twice (bind mount?): skipped",
+                        self._show(parent_id, name))
             return None
-        if self._exact and not self._first_sighting(file_id, key, is_dir, st.st_nlink):
+        if file_id in self._dirs or (
+                self._exact and not self._first_sighting(file_id, key, is_dir, st.st_nlink)):
             log.warning("file id collision: %s skipped", self._show(parent_id, name))
             return None
         if is_dir:
-            self._dirs[file_id] = (parent_id, name, key)
+            self._dirs[file_id] = (parent_id, name)
+            self._dir_keys.add(key)
         self.table.add(wire.Entry(
             file_id, parent_id, st.st_mode, st.st_size, _mtime_ns(st),
             min(st.st_nlink, _NLINK_MAX), version_of(st), name, target,
@@ -182,7 +206,8 @@ class _Walk:
             self._links[file_id] = key
         return True
 
-    def _open_dir(self, parent_fd: int, name: bytes, dir_id: int, depth: int) -> int | None:
+    def _open_dir(self, parent_fd: int, item: _Subdir, depth: int) -> int | None:
+        name, dir_id, dev, mount = item
         if depth > MAX_DEPTH:
             log.warning("%s is deeper than %d levels: not listed", self._show(dir_id), MAX_DEPTH)
             return None
@@ -191,20 +216,25 @@ class _Walk:
         except OSError as exc:
             log.warning("cannot open %s: %s (not listed)", self._show(dir_id), exc.strerror)
             return None
-        if file_id_of(os.fstat(fd)) != dir_id:
+        st = os.fstat(fd)
+        if st.st_dev != dev or file_id_of(st, mount) != dir_id:
             os.close(fd)
             log.warning("%s changed during the scan: not listed", self._show(dir_id))
             return None
         return fd
 
-    def _show(self, parent_id: int, name: bytes = b"") -> str:
-        """A printable relative path, for log lines only."""
+    def _path(self, parent_id: int, name: bytes = b"") -> bytes:
+        """The path of ``name`` in directory ``parent_id``, relative to ROOT."""
         parts: list[bytes] = [name] if name else []
         known = self._dirs.get(parent_id)
         while known is not None and known[0] != 0:
             parts.append(known[1])
             known = self._dirs.get(known[0])
-        return repr(b"/".join(reversed(parts)) or b".")[2:-1]
+        return b"/".join(reversed(parts))
+
+    def _show(self, parent_id: int, name: bytes = b"") -> str:
+        """A printable relative path, for log lines only."""
+        return repr(self._path(parent_id, name) or b".")[2:-1]
 
 
 def scan(root_fd: int, cancel: threading.Event | None = None,

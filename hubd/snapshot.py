@@ -52,6 +52,7 @@ class TableBuilder:
         self._inos = array("Q")
         self._block_dirs = array("Q")
         self._block_starts = array("I")
+        self.max_mtime_ns = 0  # the newest mtime listed (the root's at least), for generations
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -67,6 +68,8 @@ class TableBuilder:
         self._records += wire.encode_entry(entry)
         self._offsets.append(len(self._records))
         self._ids.append(entry.file_id)
+        if entry.mtime_ns > self.max_mtime_ns:
+            self.max_mtime_ns = entry.mtime_ns
         self._devs.append(dev)
         self._inos.append(ino)
 
@@ -83,7 +86,7 @@ class TableBuilder:
         slots = _id_slots(self._ids, self._devs, self._inos)
         self._devs = self._inos = array("Q")
         return Table(root_id, self._records, self._offsets, self._ids, slots,
-                     self._block_dirs, self._block_starts)
+                     self._block_dirs, self._block_starts, self.max_mtime_ns)
 
 
 def _id_slots(ids: array[int], devs: array[int], inos: array[int]) -> array[int]:
@@ -111,14 +114,17 @@ class Table:
     Attributes:
         root_id: the id of ROOT (entry 0).
         records, offsets: the packed entries; ``records`` is never modified.
+        max_mtime_ns: the newest mtime of any entry (``export_root.generation_of``).
     """
 
-    __slots__ = ("_block_dirs", "_block_starts", "_ids", "_slots", "offsets", "records",
-                 "root_id")
+    __slots__ = ("_block_dirs", "_block_starts", "_ids", "_slots", "max_mtime_ns", "offsets",
+                 "records", "root_id")
 
     def __init__(self, root_id: int, records: bytearray, offsets: array[int], ids: array[int],
-                 slots: array[int], block_dirs: array[int], block_starts: array[int]) -> None:
+                 slots: array[int], block_dirs: array[int], block_starts: array[int],
+                 max_mtime_ns: int = 0) -> None:
         self.root_id = root_id
+        self.max_mtime_ns = max_mtime_ns
         self.records = records
         self.offsets = offsets
         self._ids = ids
@@ -218,7 +224,8 @@ class Snapshot:
     """One generation of the namespace.
 
     Attributes:
-        generation: grows on every change and across restarts.
+        generation: grows on every change; a function of the table (see
+            ``export_root.next_generation``), so replicas and restarts agree.
         table: the entries.
         encoded: the zlib snapshot stream, exactly what ``GET /v1/snapshot`` sends.
         scan_seconds, encode_seconds: how long the walk and the encoding took.

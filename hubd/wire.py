@@ -15,8 +15,9 @@ Routes (every route but /healthz and /metrics needs the bearer token when one is
 |                                           | malformed or newer than the current generation      |
 | GET /v2/blob/{file_id}/{version}          | the file's *framed* representation (below): 206 +   |
 |                                           | Content-Range with ``Range``, 200 whole without,    |
-|                                           | whatever the size; 404 unknown file, 412 version    |
-|                                           | not current, 416 range outside the representation   |
+|                                           | whatever the size; 404 unknown file, 412 that       |
+|                                           | version is not on disk (any more, or yet), 416      |
+|                                           | range outside the representation                    |
 | GET /v2/pack/{dir_id}/{index}/{digest}    | 200, pack ``index`` of the directory (below); 404   |
 |                                           | unknown directory, 412 ``stale-version`` when the   |
 |                                           | directory's packs no longer match ``digest``        |
@@ -141,6 +142,46 @@ namespace of generation ``to``:
   is reused); a directory's id may come back as a file's after a REMOVE, and vice versa.
 - A file whose bytes or attributes changed (size, mtime, version, mode, nlink) is an
   UPSERT of each of its names.
+
+Replicas: several hubd processes may export one tree (the same directory, or one NFS export
+mounted on several machines: any POSIX filesystem a site shares). They do not talk to each
+other; these rules make them interchangeable for a spoke:
+
+- Ids and versions depend only on what every replica sees alike. A file id is the xxh64 of
+  the inode number and of the path below ROOT where the inode's filesystem is mounted
+  (empty for ROOT's own filesystem), never ``st_dev``, which differs between machines for
+  one NFS export; so hard links share an id on every replica, and equal inode numbers on
+  two filesystems below ROOT get different ids. A version is the xxh64 of (size, mtime_ns,
+  inode). (hubd/scan.py.)
+- A generation is a function of the snapshot's entries: the newest mtime among them in
+  milliseconds, shifted left 20 bits, plus 20 bits of the xxh3_64 of the entries' encoding
+  (hubd/export_root.py, ``generation_of``). Two replicas, or one hub before and after a
+  restart, that list the same entries give them the same generation whenever each scanned,
+  and an unchanged tree keeps its generation across restarts. Generations still only grow:
+  a change that does not move the newest mtime forward (a chmod, an mtime set into the
+  past) gets the previous generation's millisecond plus one, with the new entries' 20 bits;
+  a replica that did not scan the same sequence of trees may then number that tree
+  differently, until the next ordinary change. So one number names one tree on every
+  replica, except that two different trees of the same newest millisecond may share their
+  20 hash bits (about 1 in 10^6).
+- ``/v2/changes?since=G`` is answered only from a generation this hub itself numbered and
+  keeps: a replica that never saw G answers 410 (take a snapshot), never a guess. G newer
+  than the hub's own generation is 400 ``bad-generation``: this replica is behind the one
+  the spoke last polled (or numbered a tree differently, as above).
+- A blob is served when the file on disk has the asked version, whether or not the hub's
+  snapshot lists that version yet (the disk check, before and after the read, is what
+  makes every answer right): a replica one rescan behind its peer serves the versions its
+  peer listed, for every file whose path it knows. A file it does not list yet is 404
+  until its next rescan. (A pack is named by its directory's digest, which depends on the
+  listing: a replica whose listing of that directory differs answers 412, and the spoke
+  asks the other hubs, or reads the files alone.)
+- A spoke with several hub URLs (spokefs/hub_origins.py) sends each request to the one in
+  use, moves to the next on a connection failure, 5xx or timeout, and probes the first one
+  until it can move back; its namespace goes on from the same generation on the new hub.
+  A 400 to ``/v2/changes`` does not take it back in time: it keeps its newer namespace
+  (for up to 300 s, then that hub's snapshot). A 404/412 is asked again of every other
+  reachable hub, and while a hub is unreachable it is retried within the read's deadline
+  (the hub that is up may rescan, the other may return) before it becomes ESTALE.
 """
 
 from __future__ import annotations

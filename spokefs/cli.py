@@ -1,4 +1,5 @@
-"""Command line: ``spokefs mount``, ``umount``, ``status``, ``refresh`` and ``warm``.
+"""Command line: ``spokefs mount``, ``umount``, ``status``, ``refresh``, ``warm``, ``trace``,
+``pin`` and ``unpin``.
 
 The only module that reads argv and files named on the command line; it builds a frozen
 ``SpokeConfig``. User errors print one line ``spokefs: error: ...`` and exit 1 (usage errors
@@ -27,7 +28,7 @@ from urllib.parse import urlsplit
 
 import trio
 
-from spokefs import cachedir, commands, sdnotify
+from spokefs import cachedir, commands, job_commands, sdnotify, trace_file
 from spokefs.cachedir import CacheLock
 from spokefs.config import PrefetchConfig, SpokeConfig
 from spokefs.errors import UserError
@@ -101,9 +102,17 @@ def _warn_exposed_token(path: Path | None) -> None:
                     path, stat.S_IMODE(mode))
 
 
-def _client_tls(hub_url: str, ca_file: Path | None) -> ssl.SSLContext | None:
-    """The TLS context for an https hub: the system roots, or only ``ca_file``'s CA."""
-    if urlsplit(hub_url).scheme != "https":
+def _hub_urls(source: str, more: list[str]) -> list[str]:
+    """``URL1,URL2,...`` and the ``--hub`` URLs: the hub replicas, preferred first."""
+    urls = [_hub_url(u) for u in [*source.split(","), *more]]
+    if len(set(urls)) != len(urls):
+        raise UserError(f"a hub URL is given twice in {','.join(urls)}")
+    return urls
+
+
+def _client_tls(hub_urls: list[str], ca_file: Path | None) -> ssl.SSLContext | None:
+    """The TLS context for https hubs: the system roots, or only ``ca_file``'s CA."""
+    if all(urlsplit(u).scheme != "https" for u in hub_urls):
         if ca_file is not None:
             raise UserError("--ca-file needs an https:// hub URL")
         return None
@@ -123,7 +132,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("mount", help="mount a hub's export (foreground unless --daemon)")
-    m.add_argument("hub_url", help="hubd base URL, e.g. http://hub:8600")
+    m.add_argument("hub_url", help="hubd base URL, e.g. http://hub:8600; replicas of one "
+                   "export as URL1,URL2,... (the first preferred, the others used while it "
+                   "fails)")
     m.add_argument("mountpoint", type=Path)
     m.add_argument("--cache-dir", type=Path, required=True, help="local dir for namespace + blocks")
     m.add_argument("--cache-size", type=parse_size, required=True, help="e.g. 500G")
@@ -140,12 +151,17 @@ def _parser() -> argparse.ArgumentParser:
     m.add_argument("--ca-file", type=Path,
                    help="PEM CA certificate(s) to trust for an https:// hub instead of the "
                         "system's roots")
+    m.add_argument("--hub", action="append", metavar="URL",
+                   help="one more hub replica (repeatable), tried after the others")
     m.add_argument("--tier", metavar="URL",
                    help="a regional HTTP cache in front of the hub (deploy/regional): file "
                         "data is read through it, and from the hub when it fails; the "
                         "bearer token is sent to it too")
     m.add_argument("--hub-deadline", type=float, default=60.0,
                    help="seconds an uncached read retries before EIO (default 60)")
+    m.add_argument("--hub-failover-after", type=float, default=10.0,
+                   help="with several hubs: seconds a request waits for a hub that does not "
+                        "answer before it tries the next (default 10)")
     m.add_argument("--mount-deadline", type=float, default=5.0,
                    help="seconds a first mount (no stored namespace) tries to reach the hub "
                         "(default 5)")
@@ -162,6 +178,13 @@ def _parser() -> argparse.ArgumentParser:
                         "version from then on; handle: one version per open file (ESTALE "
                         "when it is gone); auto (default): kernel where this pyfuse3 supports "
                         "it (deploy/build-pyfuse3.sh), else handle")
+    m.add_argument("--replay", type=Path, metavar="TRACE",
+                   help="replay a trace (spokefs trace save) from the mount on, in the "
+                        "background: the next run's first epoch reads warm data")
+    m.add_argument("--no-trace", action="store_true",
+                   help="do not record the access trace in the cache dir")
+    m.add_argument("--max-pinned-share", type=float, default=0.5,
+                   help="share of --cache-size that pinned files may hold (default 0.5)")
     u = sub.add_parser("umount", help="unmount a spokefs mount")
     u.add_argument("mountpoint", type=Path)
     u.add_argument("--lazy", action="store_true", help="detach now even if busy (umount -l)")
@@ -169,9 +192,30 @@ def _parser() -> argparse.ArgumentParser:
     st.add_argument("path", type=Path, nargs="?", default=Path("."))
     r = sub.add_parser("refresh", help="poll the hub for namespace changes now")
     r.add_argument("path", type=Path, help="the mount point or any path in it")
-    w = sub.add_parser("warm", help="fill the cache with files or whole trees")
-    w.add_argument("paths", type=Path, nargs="+")
+    w = sub.add_parser("warm", help="fill the cache with files or whole trees, a trace's "
+                                    "working set, or a list of files")
+    w.add_argument("paths", type=Path, nargs="*")
     w.add_argument("--jobs", type=int, default=8, help="files warmed at once (default 8)")
+    w.add_argument("--trace", type=Path, help="replay this trace (spokefs trace save)")
+    w.add_argument("--files-from", metavar="FILE", help="the paths to warm, one a line; - reads "
+                                                        "them from stdin")
+    w.add_argument("-0", "--null", action="store_true",
+                   help="--files-from is NUL-separated (find -print0)")
+    w.add_argument("--mount", type=Path, help="the mount (default: the one the files are on)")
+    t = sub.add_parser("trace", help="save, show or clear the access trace of a mount")
+    tsub = t.add_subparsers(dest="trace_command", required=True)
+    ts = tsub.add_parser("save", help="write the mount's current trace to a file")
+    ts.add_argument("name", type=Path)
+    ts.add_argument("--mount", type=Path, default=Path("."),
+                    help="the mount or a path in it (default: .)")
+    tw = tsub.add_parser("show", help="summarise a trace file (and how much is cached)")
+    tw.add_argument("file", type=Path)
+    tw.add_argument("--mount", type=Path, help="the mount to check it against (default: .)")
+    tc = tsub.add_parser("clear", help="start a new trace")
+    tc.add_argument("--mount", type=Path, default=Path("."))
+    for verb in ("pin", "unpin"):
+        pn = sub.add_parser(verb, help=f"{verb} files or trees (pinned data is never evicted)")
+        pn.add_argument("paths", type=Path, nargs="+")
     return p
 
 
@@ -179,17 +223,22 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
     if args.cache_size < _MIN_CACHE_BYTES:
         raise UserError(f"--cache-size {args.cache_size} is too small (at least 1M)")
     token = _read_token(args.token_file) if args.token_file is not None else None
-    hub_url = _hub_url(args.hub_url)
-    tls = _client_tls(hub_url, args.ca_file)
+    hub_urls = _hub_urls(args.hub_url, args.hub or [])
+    tls = _client_tls(hub_urls, args.ca_file)
     if not 0 <= args.metrics_port <= 65535:
         raise UserError(f"--metrics-port {args.metrics_port} is not a port")
     if args.refresh_interval < 0:
         raise UserError("--refresh-interval must not be negative")
-    for name in ("hub_deadline", "mount_deadline"):
+    for name in ("hub_deadline", "mount_deadline", "hub_failover_after"):
         if getattr(args, name) <= 0:
             raise UserError(f"--{name.replace('_', '-')} must be positive")
+    if not 0 <= args.max_pinned_share <= 0.9:  # the rest must keep the cache working
+        raise UserError("--max-pinned-share must be between 0 and 0.9")
+    if args.replay is not None:
+        trace_file.read(args.replay)  # a bad trace fails before anything is mounted
     return SpokeConfig(
-        hub_url=hub_url, mountpoint=args.mountpoint.absolute(),
+        hub_url=hub_urls[0], hub_fallback_urls=tuple(hub_urls[1:]),
+        hub_failover_after_s=args.hub_failover_after, mountpoint=args.mountpoint.absolute(),
         cache_dir=args.cache_dir.absolute(), cache_max_bytes=args.cache_size,
         uid=args.uid, gid=args.gid, metrics_port=args.metrics_port,
         metrics_addr=args.metrics_addr, token=token, tls=tls, hub_deadline_s=args.hub_deadline,
@@ -198,6 +247,9 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
         prefetch=PrefetchConfig(enabled=not args.no_prefetch),
         open_mode=_open_mode(args.open_mode),
         tier_url=_hub_url(args.tier, "tier") if args.tier else None,
+        trace=not args.no_trace,
+        replay_path=args.replay.absolute() if args.replay is not None else None,
+        max_pinned_share=args.max_pinned_share,
     )
 
 
@@ -230,10 +282,11 @@ def _setup_logging(level: str, log_file: Path | None) -> None:
 
 
 def _warn_plain_token(cfg: SpokeConfig) -> None:
-    host = urlsplit(cfg.hub_url).hostname
-    if cfg.token is not None and cfg.tls is None and host not in _LOOPBACK:
-        log.warning("the token goes to %s over plain HTTP: anyone on the path can read it; "
-                    "serve hubd with --tls-cert/--tls-key and use https://", cfg.hub_url)
+    for url in cfg.hub_urls:
+        parts = urlsplit(url)
+        if cfg.token is not None and parts.scheme != "https" and parts.hostname not in _LOOPBACK:
+            log.warning("the token goes to %s over plain HTTP: anyone on the path can read "
+                        "it; serve hubd with --tls-cert/--tls-key and use https://", url)
 
 
 def _mount(cfg: SpokeConfig, ready_fd: int | None) -> int:
@@ -241,7 +294,7 @@ def _mount(cfg: SpokeConfig, ready_fd: int | None) -> int:
 
     def on_ready(info: NamespaceInfo) -> None:
         print(
-            f"spokefs: mounted {cfg.hub_url} at {cfg.mountpoint} "
+            f"spokefs: mounted {cfg.hub_source} at {cfg.mountpoint} "
             f"({info.entries} entries, generation {info.generation})",
             flush=True,
         )
@@ -317,6 +370,29 @@ def _umount(mountpoint: Path, lazy: bool) -> int:
     return 0
 
 
+def _warm(args: argparse.Namespace) -> int:
+    sources = [bool(args.paths), args.trace is not None, args.files_from is not None]
+    if sum(sources) != 1:
+        raise UserError("warm takes PATHS, --trace FILE or --files-from FILE (one of them)")
+    if args.null and args.files_from is None:
+        raise UserError("-0 goes with --files-from")
+    if args.trace is not None:
+        return job_commands.warm_trace(args.trace, args.mount or Path("."))
+    if args.files_from is not None:
+        return job_commands.warm_list(args.files_from, args.null, args.mount)
+    if args.jobs < 1:
+        raise UserError("--jobs must be at least 1")
+    return commands.warm(args.paths, args.jobs)
+
+
+def _trace(args: argparse.Namespace) -> int:
+    if args.trace_command == "save":
+        return job_commands.trace_save(args.name, args.mount)
+    if args.trace_command == "show":
+        return job_commands.trace_show(args.file, args.mount)
+    return job_commands.trace_clear(args.mount)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -327,9 +403,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "refresh":
             return commands.refresh(args.path)
         if args.command == "warm":
-            if args.jobs < 1:
-                raise UserError("--jobs must be at least 1")
-            return commands.warm(args.paths, args.jobs)
+            return _warm(args)
+        if args.command == "trace":
+            return _trace(args)
+        if args.command in ("pin", "unpin"):
+            return job_commands.pin(args.paths, unpin=args.command == "unpin")
         return _run_mount(args)
     except UserError as exc:
         print(f"spokefs: error: {exc}", file=sys.stderr, flush=True)

@@ -49,6 +49,16 @@ def status(path: Path) -> int:
     print(f"namespace:  generation {info['generation']}, {info['entries']} entries, "
           f"{_human(info['namespace_bytes'])}")
     print(f"cache:      {_human(info['cache_bytes'])} of {_human(info['cache_capacity_bytes'])}")
+    if "pinned_limit_bytes" in info:
+        print(f"pinned:     {_human(info['pinned_bytes'])} of at most "
+              f"{_human(info['pinned_limit_bytes'])}")
+        records = info["trace_records"]
+        print(f"trace:      {'off' if records is None else f'{records} records'}")
+        r = info["replay"]
+        if r["state"] != "idle":
+            share = f"{r['done_bytes'] / r['total_bytes']:.1%}" if r["total_bytes"] else "-"
+            print(f"replay:     {r['name']}: {r['state']}, {_human(r['done_bytes'])} of "
+                  f"{_human(r['total_bytes'])} ({share})")
     print(f"hit ratio:  {'-' if ratio is None else f'{ratio:.1%}'} "
           f"({info['block_hits']} block hits, {info['block_misses']} misses since mount)")
     share = f"{cached / total:.1%}" if total else "-"

@@ -61,7 +61,10 @@ class SpokeConfig:
     """Effective configuration of one mount; built only by ``cli.py``.
 
     Attributes:
-        hub_url: base URL of hubd, ``http(s)://host:port``.
+        hub_url: base URL of hubd, ``http(s)://host:port``: the preferred hub.
+        hub_fallback_urls: hub replicas over the same export, in the order they are tried
+            when the one in use fails (``hub_origins``); the mount moves back to
+            ``hub_url`` once it answers again.
         mountpoint: an existing, empty-or-not directory that is not already a mount.
         cache_dir: holds the ``namespace`` and ``blocks`` LMDB environments.
         cache_max_bytes: bound on cached block bytes (LMDB value sizes).
@@ -74,6 +77,9 @@ class SpokeConfig:
         tls: the client TLS context for an ``https://`` hub (system roots, or only the CA
             of ``--ca-file``; TLS >= 1.2, certificate and host name verified), else None.
         hub_deadline_s: how long an uncached read keeps retrying before EIO.
+        hub_failover_after_s: with replicas, how long one request waits for a hub that
+            does not answer (a hung one; a refused connection fails over at once) before
+            it tries the next: 10 s is several times a 4 MiB request at 900 ms RTT.
         hub_request_timeout_s: one HTTP request, connect to last byte.
         mount_deadline_s: how long a first ``mount`` tries to get the snapshot before it
             gives up (a stored namespace is mounted without the hub).
@@ -89,6 +95,11 @@ class SpokeConfig:
         open_mode: ``kernel`` (the kernel opens files without a request: lookup + reads per
             file; needs our patched pyfuse3) or ``handle`` (an open and a release per file,
             one version per open file); see ``fuse_ops.SpokeOps``.
+        trace: record the access trace in the cache dir (``trace``); costs a comparison per
+            read and 28 bytes per file first read.
+        replay_path: a trace file to replay from the mount on (``replay``), or None.
+        max_pinned_share: the share of ``cache_max_bytes`` that pins may hold (the rest
+            keeps the cache working for everything else).
     """
 
     hub_url: str
@@ -102,6 +113,8 @@ class SpokeConfig:
     token: str | None = field(default=None, repr=False)
     tls: ssl.SSLContext | None = field(default=None, repr=False, compare=False)
     hub_deadline_s: float = 60.0
+    hub_failover_after_s: float = 10.0
+    hub_fallback_urls: tuple[str, ...] = ()
     hub_request_timeout_s: float = 30.0
     mount_deadline_s: float = 5.0
     refresh_interval_s: float = 60.0
@@ -112,5 +125,18 @@ class SpokeConfig:
     open_mode: str = "handle"
     tier_url: str | None = None
     prefetch: PrefetchConfig = PrefetchConfig()
+    trace: bool = True
+    replay_path: Path | None = None
+    max_pinned_share: float = 0.5
     daemon: bool = False
     log_level: str = "INFO"
+
+    @property
+    def hub_urls(self) -> tuple[str, ...]:
+        """Every hub URL, the preferred one first."""
+        return (self.hub_url, *self.hub_fallback_urls)
+
+    @property
+    def hub_source(self) -> str:
+        """The hub URLs as one ``URL1,URL2`` string, as on the command line."""
+        return ",".join(self.hub_urls)

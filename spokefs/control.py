@@ -12,6 +12,8 @@ warm and refresh are idempotent.
 | ``user.spokefs.status``| any path      | JSON: cache use, hit ratio, namespace generation and size  |
 | ``user.spokefs.refresh``| any path     | polls the hub for changes now; the new generation          |
 | ``user.spokefs.warm``  | file          | fetches the whole file at full link speed; bytes fetched   |
+
+Traces, replays and pins have attributes of their own: ``job_control``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import trio
 from prometheus_client import REGISTRY
 
 from spokefs.errors import NotFound
+from spokefs.job_control import JobControl
 from spokefs.namespace import Attr, Namespace
 from spokefs.reader import Reader
 from spokefs.refresher import Refresher
@@ -39,12 +42,18 @@ WARM = PREFIX + b"warm"
 class Control:
     """Answers the control attributes."""
 
-    def __init__(self, ns: Namespace, reader: Reader, refresher: Refresher) -> None:
+    def __init__(self, ns: Namespace, reader: Reader, refresher: Refresher,
+                 jobs: JobControl | None = None) -> None:
         self._ns = ns
         self._reader = reader
         self._refresher = refresher
+        self._jobs = jobs
 
-    async def getxattr(self, attr: Attr, name: bytes) -> bytes:
+    async def getxattr(self, attr: Attr, name: bytes, uid: int = 0) -> bytes:
+        if self._jobs is not None:
+            value = await self._jobs.getxattr(attr, name, uid)
+            if value is not None:
+                return value
         if name == CACHED:
             cached, total = await self._cached(attr)
             return f"{cached} {total}".encode()
@@ -86,7 +95,10 @@ class Control:
         cache = self._reader.cache_statistics()
         hits = _sample_sum("spokefs_block_hits_total")
         misses = _sample_sum("spokefs_block_misses_total")
+        jobs = self._jobs.status() if self._jobs is not None else {}
         return {
+            **jobs,
+            "pinned_bytes": cache.pinned_bytes,
             "generation": info.generation,
             "entries": info.entries,
             "namespace_bytes": info.total_bytes,

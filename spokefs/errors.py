@@ -15,6 +15,9 @@ exceptions below and ``fuse_errors`` (used on every handler in ``fuse_ops``) con
 | HubUnavailable   | EIO     | the hub deadline passed (unreachable, 5xx, timeouts)       |
 | CorruptBlock     | EIO     | bytes from the hub failed their checksum twice             |
 | HubProtocolError | EIO     | the hub answered something the protocol does not allow     |
+| PinLimit         | ENOSPC  | a pin would take the pinned bytes over their bound         |
+| BadRequest       | EINVAL  | a control attribute names an unusable trace file           |
+| NotPermitted     | EACCES  | a control attribute names a file its caller cannot read    |
 """
 
 from __future__ import annotations
@@ -74,8 +77,25 @@ class GenerationGone(HubProtocolError):
     """The hub cannot list changes since our generation (410): take a full snapshot."""
 
 
+class HubBehind(HubProtocolError):
+    """Our generation is newer than the hub's (400 to ``/v1/changes``): a replica a rescan
+    behind the one we got it from, or a hub that numbered one tree differently."""
+
+
 class CorruptBlock(SpokeError):
     code = errno.EIO
+
+
+class PinLimit(SpokeError):
+    code = errno.ENOSPC
+
+
+class BadRequest(SpokeError):
+    code = errno.EINVAL
+
+
+class NotPermitted(SpokeError):
+    code = errno.EACCES
 
 
 class UserError(Exception):

@@ -47,7 +47,13 @@ import trio
 
 from hubd import wire
 from spokefs import metrics
-from spokefs.cache.block_cache import ORIGIN_DEMAND, ORIGIN_PREFETCH, ORIGIN_WARM, BlockCache
+from spokefs.cache.block_cache import (
+    ORIGIN_DEMAND,
+    ORIGIN_PREFETCH,
+    ORIGIN_REPLAY,
+    ORIGIN_WARM,
+    BlockCache,
+)
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
 from spokefs.errors import SpokeError, StaleExport, single_spoke_error
 from spokefs.hub_client import HubClient
@@ -164,11 +170,13 @@ class Fetcher:
         return self.in_flight(fv) or self.cache.has_file(fv)
 
     async def prefetch_range(
-        self, fv: FileVersion, start: int, end: int, *, warm: bool = False
+        self, fv: FileVersion, start: int, end: int, *, warm: bool = False,
+        replay: bool = False,
     ) -> int:
         """Fetch the chunks of ``[start, end)`` that are not cached or in flight; bytes fetched.
 
         ``warm``: for ``spokefs warm``; the chunks are stored as warmed (kept like hot data).
+        ``replay``: for a trace replay; stored with their own origin, for hit accounting.
         """
         await self.cache.wait_room()
         first_chunk, last_chunk = start // CHUNK_SIZE, (end - 1) // CHUNK_SIZE
@@ -177,7 +185,7 @@ class Fetcher:
         claimed, _ = self._claim(fv, wanted)
         claimed |= self._claim_rest_of_grid(fv, wanted)
         try:
-            origin = ORIGIN_WARM if warm else ORIGIN_PREFETCH
+            origin = ORIGIN_WARM if warm else ORIGIN_REPLAY if replay else ORIGIN_PREFETCH
             # callers pass about one request's worth, so this is usually one range request
             blocks = [b for _, _, ci in claimed for b in _chunk_blocks(ci, fv.blocks())]
             runs = self._grid_runs(fv, blocks)
@@ -191,25 +199,28 @@ class Fetcher:
                     for run in runs:  # one request, or one per slice behind a tier
                         nursery.start_soon(one, run)
             nbytes = sum(sizes)
-            if not warm:  # warmed bytes are asked for, not guessed: no prefetch accounting
+            if replay:
+                metrics.REPLAY_FETCHED_BYTES.inc(nbytes)
+            elif not warm:  # warmed bytes are asked for, not guessed: no prefetch accounting
                 self._remember_prefetched(fv, sorted(ci for _, _, ci in claimed))
                 metrics.PREFETCH_ISSUED_BYTES.inc(nbytes)
             return nbytes
         finally:
             self._release(claimed)
 
-    async def fetch_pack(self, plan: wire.PackPlan) -> list[FileVersion]:
+    async def fetch_pack(self, plan: wire.PackPlan, *, replay: bool = False) -> list[FileVersion]:
         """Fetch the members of a pack that are neither cached, staged nor in flight; the
         members fetched (none if every member is taken care of already).
 
         Each member is staged and released to its waiters as soon as it has arrived,
         before the pack ends; members cached or in flight are skipped on arrival.
+        ``replay``: for a trace replay (its own origin and byte count).
         """
         await self.cache.wait_room()
         free, claims = self._claim_pack(plan)
         if not free:
             return []
-        return await self._fetch_claimed_pack(plan, free, claims, None)
+        return await self._fetch_claimed_pack(plan, free, claims, None, replay=replay)
 
     def _claim_pack(self, plan: wire.PackPlan) -> tuple[dict[tuple[int, int], FileVersion],
                                                         dict[tuple[int, int], set[ChunkKey]]]:
@@ -222,6 +233,7 @@ class Fetcher:
     async def _fetch_claimed_pack(
         self, plan: wire.PackPlan, free: dict[tuple[int, int], FileVersion],
         claims: dict[tuple[int, int], set[ChunkKey]], demanded: FileVersion | None,
+        *, replay: bool = False,
     ) -> list[FileVersion]:
         """Fetch a pack whose ``free`` members are claimed (``claims``); stage each as it
         arrives, ``demanded`` as a demand fetch. Releases every claim, whatever happens."""
@@ -234,6 +246,10 @@ class Fetcher:
             f = free[key]
             if data is not None and f == demanded:
                 self.cache.stage(f.file_id, f.version, [(0, data)], ORIGIN_DEMAND)
+            elif data is not None and replay:
+                self.cache.stage(f.file_id, f.version, [(0, data)], ORIGIN_REPLAY)
+                metrics.REPLAY_FETCHED_BYTES.inc(len(data))
+                fetched.append(f)
             elif data is not None:  # None: gone on the hub; a later open sees the new version
                 self.cache.stage(f.file_id, f.version, [(0, data)], ORIGIN_PREFETCH)
                 self._remember_prefetched(f, list(range(f.chunks())))

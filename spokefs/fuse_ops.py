@@ -163,7 +163,7 @@ class SpokeOps(pyfuse3.Operations):
         attr = self._ns.getattr(inode)  # ENOENT for a vanished inode
         if self._control is None or not name.startswith(PREFIX):
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
-        return await self._control.getxattr(attr, name)
+        return await self._control.getxattr(attr, name, ctx.uid)
 
     @fuse_errors
     async def listxattr(

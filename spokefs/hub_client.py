@@ -16,6 +16,17 @@ fill memory). A snapshot answer with another content type is a bad snapshot
 (``wire.WireError``). A hub that answers 404 for ``/v2/snapshot`` speaks an older protocol:
 the mount fails with one line naming both versions.
 
+Replicas (``hub_origins``): each hub attempt goes to ``HubOrigins.current()`` (one pooled
+client per hub URL). A transient failure is reported there (which moves the mount to the
+next hub) and the retry goes to the new current hub at once, without a backoff pause, as
+long as this request has not tried it yet; once it has tried them all it backs off as with
+one hub. With several hubs an attempt is also bounded by ``failover_after_s``, so a hub
+that hangs (rather than refuses) costs a read that long, not the whole deadline. A 404/412
+from one hub is asked again of each other reachable hub before it becomes ``StaleExport``
+(a replica one rescan behind may not list a new file yet), and waited on within the
+deadline while another hub is unreachable. A 400 to ``/v2/changes`` (``since`` newer than
+the hub's generation) is ``HubBehind``: the refresher keeps its namespace for a while.
+
 Tier (``tier_url``): blob and pack requests go to the tier first. A transport error, a
 timeout, any status but 200/206, a short or over-long body or a failed checksum there is
 counted (``spokefs_tier_fallbacks_total{reason}``) and the request goes to the hub itself,
@@ -52,12 +63,14 @@ from spokefs.bodies import FrameMismatch, decoded, iter_capped, origin_of, read_
 from spokefs.errors import (
     CorruptBlock,
     GenerationGone,
+    HubBehind,
     HubProtocolError,
     HubUnauthorized,
     HubUnavailable,
     SpokeError,
     StaleExport,
 )
+from spokefs.hub_origins import HubOrigins
 from spokefs.link_model import WindowedMin
 
 log = logging.getLogger(__name__)
@@ -72,6 +85,7 @@ _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})  # 408: our body cam
 _ISSUER_CODES = frozenset({2, 18, 19, 20, 21})
 _ERROR_BODY_MAX = 64 << 10  # hubd's JSON errors are one line; read them so the connection stays
 _TIER_PAUSE_S = 5.0  # a tier that did not answer is left alone this long, then tried again
+_PROBE_TIMEOUT_S = 5.0  # a /healthz probe of a hub not in use: a few bytes, a few round trips
 
 
 class _Retry(Exception):
@@ -93,7 +107,7 @@ class HubClient:
 
     def __init__(
         self,
-        base_url: str,
+        origins: HubOrigins | str,
         *,
         token: str | None,
         max_connections: int,
@@ -101,9 +115,11 @@ class HubClient:
         deadline_s: float,
         tls: ssl.SSLContext | None = None,
         tier_url: str | None = None,
+        failover_after_s: float = 10.0,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.origins = origins if isinstance(origins, HubOrigins) else HubOrigins([origins])
         self._deadline_s = deadline_s
+        self._failover_after_s = failover_after_s
         # identity: bodies are read raw and capped, so nothing may inflate them on the way
         headers = {"User-Agent": "spokefs/0.1", "Accept-Encoding": "identity"}
         if token:
@@ -121,15 +137,24 @@ class HubClient:
                 verify=tls if tls is not None else True,  # https: system roots by default
             )
 
-        self._http = client(self.base_url)
+        self._hubs = {url: client(url) for url in self.origins.urls}
         self.tier_url = tier_url.rstrip("/") if tier_url else None
         self._tier = client(self.tier_url) if self.tier_url else None
         self._tier_timeout_s = request_timeout_s
         self._tier_paused_until = 0.0
         self._tier_ok = True
-        self.reachable = True
         self.received_bytes = 0  # answer bytes from the hub so far (all kinds)
         self._waits = WindowedMin()  # answer waits: the round trip is their recent minimum
+
+    @property
+    def base_url(self) -> str:
+        """The URL of the hub in use now."""
+        return self.origins.current()
+
+    @property
+    def reachable(self) -> bool:
+        """Whether the hub in use answered its last request (or has not been asked)."""
+        return self.origins.reachable(self.origins.current())
 
     @property
     def align_bytes(self) -> int:
@@ -158,16 +183,17 @@ class HubClient:
 
     async def aclose(self) -> None:
         with trio.CancelScope(shield=True):
-            await self._http.aclose()
+            for http in self._hubs.values():
+                await http.aclose()
             if self._tier is not None:
                 await self._tier.aclose()
 
     async def fetch_snapshot(self, *, deadline_s: float | None = None) -> bytes:
         """The compressed snapshot, whole (a 1M-entry namespace is tens of MB at most)."""
 
-        async def attempt() -> bytes:
+        async def attempt(base: str) -> bytes:
             sent = time.monotonic()
-            async with self._http.stream("GET", wire.SNAPSHOT_PATH) as resp:
+            async with self._hubs[base].stream("GET", wire.SNAPSHOT_PATH) as resp:
                 self._waits.append(time.monotonic() - sent)
                 self._check_status(resp, "snapshot")
                 ctype = resp.headers.get("content-type", "")
@@ -188,16 +214,18 @@ class HubClient:
 
         Raises:
             GenerationGone: the hub no longer knows that generation (take a snapshot).
+            HubBehind: that generation is newer than the hub's (a replica a rescan behind).
         """
 
-        async def attempt() -> bytes:
-            resp = await self._http.get(wire.CHANGES_PATH, params={"since": str(since)})
-            if resp.status_code in (400, 410):
-                # 410: too old; 400: newer than the hub's (its clock went back across a
-                # restart). Either way only a full snapshot can bring us in step.
-                metrics.HUB_REQUESTS.labels(kind="changes", status=str(resp.status_code)).inc()
-                raise GenerationGone(f"hub has no changes since generation {since} "
-                                     f"({resp.status_code})")
+        async def attempt(base: str) -> bytes:
+            resp = await self._hubs[base].get(wire.CHANGES_PATH, params={"since": str(since)})
+            if resp.status_code == 410:
+                metrics.HUB_REQUESTS.labels(kind="changes", status="410").inc()
+                raise GenerationGone(f"hub has no changes since generation {since} (410)")
+            if resp.status_code == 400:
+                # we never send a malformed generation: ours is newer than the hub's
+                metrics.HUB_REQUESTS.labels(kind="changes", status="400").inc()
+                raise HubBehind(f"hub {base} is behind generation {since} (400)")
             self._check_status(resp, "changes")
             self._received(len(resp.content))
             return resp.content
@@ -322,8 +350,8 @@ class HubClient:
                     self._tier_ok = True
                     log.warning("tier %s serves good answers again", self.tier_url)
                 return result
-        return await self._with_retries(kind, lambda: attempt(self._http, "hub"), None,
-                                        bound_attempt=True)
+        return await self._with_retries(kind, lambda base: attempt(self._hubs[base], "hub"),
+                                        None, bound_attempt=True)
 
     def _tier_failed(self, kind: str, reason: str, detail: str, *, pause: bool) -> None:
         metrics.TIER_FALLBACKS.labels(kind=kind, reason=reason).inc()
@@ -356,10 +384,20 @@ class HubClient:
 
     async def _touch(self) -> None:
         try:
-            resp = await self._http.get(wire.HEALTH_PATH)
+            resp = await self._hubs[self.origins.current()].get(wire.HEALTH_PATH)
             self._received(len(resp.content))
         except httpx.HTTPError:
             pass  # a hub that is away is noticed by real requests
+
+    async def probe(self, base: str) -> bool:
+        """Whether the hub at ``base`` answers ``GET /healthz`` with 200; never raises."""
+        try:
+            with trio.fail_after(_PROBE_TIMEOUT_S):
+                resp = await self._hubs[base].get(wire.HEALTH_PATH)
+        except (httpx.HTTPError, trio.TooSlowError):
+            return False
+        self._received(len(resp.content))
+        return resp.status_code == 200
 
     async def _check_streamed(self, resp: httpx.Response, kind: str) -> None:
         """``_check_status`` for a streamed answer; an error's short body is read first so
@@ -395,54 +433,83 @@ class HubClient:
     async def _with_retries(
         self,
         kind: str,
-        attempt: Callable[[], Awaitable[T]],
+        attempt: Callable[[str], Awaitable[T]],
         deadline_s: float | None,
         *,
         bound_attempt: bool,
     ) -> T:
         deadline = time.monotonic() + (self._deadline_s if deadline_s is None else deadline_s)
         delay = _BACKOFF_FIRST_S
+        tried: set[str] = set()  # hubs this request tried since its last backoff pause
+        stale: set[str] = set()  # hubs that answered 404/412
+        base = self.origins.current()
         while True:
             started = time.monotonic()
-            # no attempt may run past the deadline: a hung hub must not hang the reader
+            # no attempt may run past the deadline: a hung hub must not hang the reader,
+            # nor, with replicas, hold it from the next hub for long
             limit = max(deadline - started, 0.001) if bound_attempt else float("inf")
+            if bound_attempt and self.origins.several:
+                limit = min(limit, self._failover_after_s)
+            tried.add(base)
             try:
                 with trio.fail_after(limit):
-                    result = await attempt()
+                    result = await attempt(base)
             except trio.TooSlowError:
                 failure = _Retry("timeout", f"no answer within {limit:.1f}s")
             except (httpx.TransportError, _Retry) as exc:
                 if (untrusted := _certificate_failure(exc)) is not None:
                     # retrying cannot make a certificate verify: fail now, clearly
                     metrics.HUB_ERRORS.labels(reason="tls").inc()
-                    raise HubUnavailable(f"hub {self.base_url}: {untrusted}") from _Retry(
+                    raise HubUnavailable(f"hub {base}: {untrusted}") from _Retry(
                         "tls", untrusted)
                 failure = exc if isinstance(exc, _Retry) else _Retry(type(exc).__name__, str(exc))
+            except StaleExport as exc:
+                stale.add(base)
+                base, delay = await self._after_stale(exc, base, stale, deadline, delay)
+                continue
             else:
                 metrics.HUB_SECONDS.labels(kind=kind).observe(time.monotonic() - started)
-                self._mark_reachable(True, "")
+                self.origins.worked(base)
                 return result
             metrics.HUB_ERRORS.labels(reason=failure.reason).inc()
-            self._mark_reachable(False, f"{failure.reason}: {failure}")
-            # full jitter: spread the retries of many readers over the whole interval; the
-            # last pause ends at the deadline, for one last attempt there
+            self.origins.failed(base, f"{failure.reason}: {failure}")
             remaining = deadline - time.monotonic()
             if remaining <= _MIN_ATTEMPT_S:
                 raise HubUnavailable(
-                    f"hub {self.base_url} unavailable ({failure.reason}: {failure})"
+                    f"hub {base} unavailable ({failure.reason}: {failure})"
                 ) from failure
-            pause = min(random.uniform(0, delay), remaining - _MIN_ATTEMPT_S)
             metrics.HUB_RETRIES.inc()
+            base = self.origins.current()
+            if base not in tried:
+                continue  # failed over to a hub this request has not tried: at once
+            tried.clear()
+            # full jitter: spread the retries of many readers over the whole interval; the
+            # last pause ends at the deadline, for one last attempt there
+            pause = min(random.uniform(0, delay), remaining - _MIN_ATTEMPT_S)
             await trio.sleep(pause)
             delay = min(delay * 2, _BACKOFF_MAX_S)
+            base = self.origins.current()
 
-    def _mark_reachable(self, ok: bool, why: str) -> None:
-        if ok != self.reachable:
-            self.reachable = ok
-            if ok:
-                log.warning("hub %s reachable again", self.base_url)
-            else:
-                log.warning("hub %s unreachable: %s", self.base_url, why)
+    async def _after_stale(self, exc: StaleExport, base: str, stale: set[str],
+                           deadline: float, delay: float) -> tuple[str, float]:
+        """The hub to ask next (and the backoff) after ``base`` answered 404/412 (``exc``);
+        raises ``exc`` when that answer is final.
+
+        A replica a rescan behind its peer may not list a new file yet: ask the others. If
+        every reachable hub says so but one is unreachable, that one (or these, after their
+        next rescan) may list it: wait and ask again, as for an outage, until the deadline.
+        """
+        self.origins.worked(base)
+        if deadline - time.monotonic() <= _MIN_ATTEMPT_S:
+            raise exc
+        if (other := self.origins.other_than(stale)) is not None:
+            return other, delay
+        if self.origins.all_reachable():
+            raise exc
+        stale.clear()
+        await trio.sleep(min(random.uniform(0, delay),
+                             deadline - time.monotonic() - _MIN_ATTEMPT_S))
+        return self.origins.current(), min(delay * 2, _BACKOFF_MAX_S)
 
 
 _FETCHED = {origin: metrics.FETCHED_BYTES.labels(origin=origin)

@@ -22,11 +22,19 @@ for _source in ("cache", "hub"):
     READS.labels(source=_source)
     READ_BYTES.labels(source=_source)
 READ_SECONDS = Histogram("spokefs_read_seconds", "Latency of FUSE reads", buckets=_LATENCY_BUCKETS)
+# Reads that waited for the hub (a demand fetch, or someone else's fetch of their blocks):
+# finer between 50 ms and 1 s, where demand reads over a 60-900 ms link fall, so that the
+# p99 with and without background traffic (a replay) can be told apart.
+READ_MISS_SECONDS = Histogram(
+    "spokefs_read_miss_seconds", "Latency of FUSE reads that waited for the hub",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.06, 0.07, 0.08, 0.09, 0.1, 0.125, 0.15, 0.2, 0.25,
+             0.3, 0.4, 0.5, 0.65, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0),
+)
 BLOCK_HITS = Counter(
     "spokefs_block_hits_total", "4 KiB blocks served from the cache, by how they got there",
     ["origin"],
 )
-for _origin in ("demand", "prefetch", "warm"):  # block_cache.ORIGINS
+for _origin in ("demand", "prefetch", "warm", "replay"):  # block_cache.ORIGINS
     BLOCK_HITS.labels(origin=_origin)
 BLOCK_MISSES = Counter("spokefs_block_misses_total", "4 KiB blocks fetched from the hub")
 
@@ -42,6 +50,12 @@ CACHE_WRITE_ERRORS = Counter(
 CACHE_PROTECTED_BYTES = Gauge(
     "spokefs_cache_protected_bytes", "Cached bytes in the protected (re-used) segment"
 )
+CACHE_PINNED_BYTES = Gauge(
+    "spokefs_cache_pinned_bytes", "Cached bytes pinned (never evicted; spokefs pin)"
+)
+CACHE_PINNED_LIMIT = Gauge(
+    "spokefs_cache_pinned_limit_bytes", "Bytes that may be pinned (--max-pinned-share)"
+)
 CACHE_CORRUPTIONS = Counter(
     "spokefs_cache_corruptions_total", "Times the cache's LMDB was found corrupt and set aside"
 )
@@ -52,6 +66,16 @@ HUB_SECONDS = Histogram(
 )
 HUB_RETRIES = Counter("spokefs_hub_retries_total", "Hub requests retried after a failure")
 HUB_ERRORS = Counter("spokefs_hub_errors_total", "Failed hub requests", ["reason"])
+HUB_ORIGIN = Gauge(
+    "spokefs_hub_origin", "1 for the hub URL in use, 0 for the mount's other hub replicas", ["url"]
+)
+HUB_FAILOVERS = Counter(
+    "spokefs_hub_failovers_total",
+    "Switches of the hub in use: away from a failing one (failed), back to the preferred one "
+    "(preferred)", ["reason"],
+)
+for _reason in ("failed", "preferred"):
+    HUB_FAILOVERS.labels(reason=_reason)
 LINK_BYTES = Counter(
     "spokefs_link_bytes_total",
     "Body bytes received from the hub, or from the tier when there is one (what crossed "
@@ -106,4 +130,18 @@ LINK_BDP = Gauge(
 PREFETCH_SPILL_LIMIT = Gauge(
     "spokefs_prefetch_spill_limit_bytes",
     "Most bytes read ahead past the end of the file a sequential reader is in (next shards)",
+)
+
+TRACE_RECORDS = Gauge("spokefs_trace_records", "Records in this cache dir's access trace")
+TRACE_DROPPED = Counter(
+    "spokefs_trace_dropped_total", "First accesses not recorded because the trace was full"
+)
+REPLAY_TOTAL_BYTES = Gauge(
+    "spokefs_replay_total_bytes", "Bytes of the running (or last) trace replay's working set"
+)
+REPLAY_DONE_BYTES = Gauge(
+    "spokefs_replay_done_bytes", "Bytes of the replay's working set cached so far"
+)
+REPLAY_FETCHED_BYTES = Counter(
+    "spokefs_replay_fetched_bytes_total", "Bytes fetched from the hub by trace replays"
 )

@@ -12,6 +12,7 @@ After the mount, SIGINT/SIGTERM end the loop and the filesystem is unmounted;
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import signal
@@ -27,7 +28,7 @@ import trio
 from prometheus_client import start_http_server
 
 from hubd import wire
-from spokefs import cachedir
+from spokefs import cachedir, trace_file
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import SpokeConfig
 from spokefs.control import Control
@@ -35,11 +36,17 @@ from spokefs.errors import UserError
 from spokefs.fetcher import Fetcher
 from spokefs.fuse_ops import SpokeOps
 from spokefs.hub_client import HubClient
+from spokefs.hub_origins import HubOrigins
+from spokefs.job_control import JobControl
+from spokefs.link_model import LinkReach
 from spokefs.mounttab import find_mount
 from spokefs.namespace import Namespace, NamespaceInfo
+from spokefs.pins import Pins
 from spokefs.prefetcher import Prefetcher
 from spokefs.reader import Reader
 from spokefs.refresher import Refresher
+from spokefs.replay import Replayer
+from spokefs.trace import TraceRecorder
 from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)
@@ -138,7 +145,7 @@ def _fuse_options(cfg: SpokeConfig) -> set[str]:
     options = set(pyfuse3.default_options)  # default_permissions: the kernel checks modes
     # The source in the mount table is the hub URL, as in an fstab line, so `mount -a`
     # sees the line is mounted already (a comma would split the option: then "spokefs").
-    fsname = cfg.hub_url if "," not in cfg.hub_url else "spokefs"
+    fsname = cfg.hub_source if "," not in cfg.hub_source else "spokefs"
     options |= {"ro", "allow_other", f"fsname={fsname}", "subtype=spokefs"}
     return options
 
@@ -148,11 +155,12 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
     check_mountpoint(cfg)
     _start_metrics(cfg)  # before the hub: a port in use fails the mount at once
     async with AsyncExitStack() as stack:
+        origins = HubOrigins(cfg.hub_urls)
         hub = await stack.enter_async_context(
             HubClient(
-                cfg.hub_url, token=cfg.token, max_connections=cfg.hub_max_connections,
+                origins, token=cfg.token, max_connections=cfg.hub_max_connections,
                 request_timeout_s=cfg.hub_request_timeout_s, deadline_s=cfg.hub_deadline_s,
-                tls=cfg.tls, tier_url=cfg.tier_url,
+                tls=cfg.tls, tier_url=cfg.tier_url, failover_after_s=cfg.hub_failover_after_s,
             )
         )
         ns = Namespace(cfg.cache_dir / "namespace")
@@ -163,6 +171,8 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
         else:
             warm = cfg.prefetch.warm_connections if cfg.prefetch.enabled else 0
             info = await _while_warming(hub, warm, cfg.mount_deadline_s, refresher.replicate)
+        # a bad trace fails the mount before it mounts anything
+        replay = trace_file.read(cfg.replay_path)[1] if cfg.replay_path is not None else None
         cache = BlockCache(cfg.cache_dir / "blocks", cfg.cache_max_bytes)
         stack.callback(cache.close)
         cachedir.harden(cfg.cache_dir)  # LMDB made its files 0700 under umask 0077: 0600
@@ -171,15 +181,18 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
         prefetcher = None
         if cfg.prefetch.enabled:
             prefetcher = Prefetcher(fetcher, lister, cfg.prefetch, cfg.cache_max_bytes)
+        trace = TraceRecorder(cfg.cache_dir / "trace") if cfg.trace else None
         # --no-prefetch: a miss fetches the file alone, not its pack's other members
         reader = Reader(fetcher, prefetcher, cfg.prefetch.small_file_bytes, cfg.hub_deadline_s,
-                        packs=lister if prefetcher is not None else None)
-        ops = SpokeOps(ns, reader, Control(ns, reader, refresher), cfg)
+                        packs=lister if prefetcher is not None else None, trace=trace)
+        replayer, jobs = _job_control(cfg, ns, cache, fetcher, lister, reader, prefetcher,
+                                      trace)
+        ops = SpokeOps(ns, reader, Control(ns, reader, refresher, jobs), cfg)
         try:
             pyfuse3.init(ops, str(cfg.mountpoint), _fuse_options(cfg))
         except RuntimeError as exc:
             raise UserError(f"cannot mount on {cfg.mountpoint}: {exc}") from None
-        log.info("mounted %s at %s (open mode %s%s)", cfg.hub_url, cfg.mountpoint,
+        log.info("mounted %s at %s (open mode %s%s)", cfg.hub_source, cfg.mountpoint,
                  cfg.open_mode, f", data through the tier {cfg.tier_url}" if cfg.tier_url else "")
         set_kernel_readahead(cfg.mountpoint, cfg.kernel_readahead_kib)
         clean = False
@@ -191,6 +204,13 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
                 await nursery.start(cache.run)
                 await nursery.start(fetcher.run)
                 await nursery.start(refresher.run)
+                if trace is not None:
+                    await nursery.start(trace.run)
+                await nursery.start(replayer.run)
+                if replay is not None:  # epoch 1 of the next run reads warm data
+                    replayer.start(replay, cfg.replay_path.name if cfg.replay_path else "")
+                if origins.several:
+                    await nursery.start(origins.watch_preferred, hub.probe)
                 if prefetcher is not None:
                     await nursery.start(prefetcher.run)
                     nursery.start_soon(hub.keep_warm, prefetcher.warm_connections,
@@ -204,6 +224,29 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             # unmount whether the loop ended cleanly or not: never leave a dead mount
             pyfuse3.close(unmount=True)
             log.info("unmounted %s (%s)", cfg.mountpoint, "clean" if clean else "after an error")
+
+
+def _job_control(
+    cfg: SpokeConfig, ns: Namespace, cache: BlockCache, fetcher: Fetcher, lister: _DirLister,
+    reader: Reader, prefetcher: Prefetcher | None, trace: TraceRecorder | None,
+) -> tuple[Replayer, JobControl]:
+    """The replayer, pins and their control attributes."""
+    reach = prefetcher.reach if prefetcher is not None else LinkReach(
+        fetcher.received_bytes, fetcher.rtt_s, cfg.prefetch.assumed_link_bytes_per_s)
+
+    def budget() -> int:  # the cache less its fill window and the pins
+        return max(0, cache.max_bytes - cache.window_bytes - cache.statistics().pinned_bytes)
+
+    replayer = Replayer(
+        fetcher, reach, functools.partial(trace_file.resolve, ns), lister,
+        small_file_bytes=cfg.prefetch.small_file_bytes,
+        request_bytes=cfg.prefetch.request_bytes,
+        max_inflight_bytes=cfg.prefetch.max_inflight_bytes, budget_bytes=budget,
+    )
+    pins = Pins(cache, reader, int(cfg.cache_max_bytes * cfg.max_pinned_share))
+    jobs = JobControl(ns, trace, replayer, pins, cfg.cache_dir / "trace" / "saved.trace",
+                      cfg.hub_url)
+    return replayer, jobs
 
 
 async def _while_warming(

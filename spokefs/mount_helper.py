@@ -29,9 +29,9 @@ from spokefs import cli
 VALUE_OPTIONS = frozenset({
     "cache_dir", "cache_size", "token_file", "ca_file", "metrics_port", "metrics_addr",
     "hub_deadline", "mount_deadline", "refresh_interval", "log_file", "log_level", "uid",
-    "gid", "tier",
+    "gid", "tier", "hub_failover_after", "replay", "max_pinned_share",
 })
-FLAG_OPTIONS = frozenset({"no_prefetch"})
+FLAG_OPTIONS = frozenset({"no_prefetch", "no_trace"})
 REQUIRED = ("cache_dir", "cache_size")
 # Acted on by mount(8), systemd or the kernel's defaults for FUSE, or meaningless for a
 # read-only network filesystem: accepted and dropped.
@@ -41,9 +41,10 @@ GENERIC_OPTIONS = frozenset({
     "atime", "noatime", "relatime", "strictatime", "nodiratime", "diratime", "lazytime",
     "nolazytime", "allow_other", "default_permissions",
 })
-_USAGE = ("usage: mount.spokefs HUB_URL DIR -o cache_dir=D,cache_size=SIZE[,token_file=F,"
-          "ca_file=F,tier=URL,metrics_port=P,metrics_addr=A,hub_deadline=S,mount_deadline=S,"
-          "refresh_interval=S,log_file=F,log_level=L,uid=N,gid=N,no_prefetch]")
+_USAGE = ("usage: mount.spokefs HUB_URL[,HUB_URL...] DIR -o cache_dir=D,cache_size=SIZE["
+          ",token_file=F,ca_file=F,tier=URL,metrics_port=P,metrics_addr=A,hub_deadline=S,"
+          "hub_failover_after=S,mount_deadline=S,refresh_interval=S,log_file=F,log_level=L,"
+          "uid=N,gid=N,replay=TRACE,max_pinned_share=F,no_prefetch,no_trace]")
 
 
 class HelperError(Exception):

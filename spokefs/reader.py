@@ -3,6 +3,9 @@ read transaction and one copy (``BlockCache.read``, inline: no thread hop); on a
 the missing blocks (``fetcher``, single-flight) and read again; tell the prefetcher where the
 reader is, before waiting on anything, so read-ahead overlaps the demand fetch.
 
+Each stream's first read of a file (of each ``trace.EXTENT_BYTES`` extent, for a large file) is
+noted in the access trace (``trace``): a comparison per read, a set lookup per new extent.
+
 A small file (up to ``small_file_bytes``) is fetched whole on its first miss: one round trip
 instead of one per kernel read; one that belongs in a pack (``wire.packable``) comes with
 its pack (``fetcher.demand_pack``), so each small file has one URL for a regional cache.
@@ -26,6 +29,7 @@ from spokefs.cache.block_cache import ORIGINS, CacheStats, ReadResult
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS
 from spokefs.errors import HubUnavailable
 from spokefs.fetcher import Fetcher
+from spokefs.trace import EXTENT_BYTES, WHOLE, TraceRecorder
 from spokefs.types import FileVersion
 
 if TYPE_CHECKING:
@@ -49,6 +53,8 @@ class Stream:
         successor: the next file in name order, read ahead into when the window passes
             this file's end (``prefetcher``, "Runs of shards").
         seeking: the successor is being looked up.
+        traced_extent: the trace extent (``trace.extent_of``) of its last read that was
+            noted in the access trace; a read in another extent is noted again.
     """
 
     fv: FileVersion
@@ -61,6 +67,7 @@ class Stream:
     closed: bool = False
     successor: Stream | None = None
     seeking: bool = False
+    traced_extent: int = -1
 
 
 class PackFinder(Protocol):
@@ -73,9 +80,11 @@ class Reader:
     """Serves reads of open streams from the block cache, filling it from the hub."""
 
     def __init__(self, fetcher: Fetcher, prefetcher: Prefetcher | None, small_file_bytes: int,
-                 deadline_s: float | None = None, packs: PackFinder | None = None):
+                 deadline_s: float | None = None, packs: PackFinder | None = None,
+                 trace: TraceRecorder | None = None):
         self._fetcher = fetcher
         self._packs = packs
+        self._trace = trace
         self._cache = fetcher.cache
         self._prefetcher = prefetcher
         self._small = small_file_bytes
@@ -119,6 +128,11 @@ class Reader:
             return b""
         if self._prefetcher is not None:
             self._prefetcher.on_read(stream, offset, size)
+        if self._trace is not None:  # once per small file, once per extent of a large one
+            extent = WHOLE if fv.size <= EXTENT_BYTES else offset // EXTENT_BYTES
+            if extent != stream.traced_extent:
+                stream.traced_extent = extent
+                self._trace.note(fv, offset, end)
         started = time.monotonic()
         found = await self._look(fv, offset, end, record=True)
         data = found.data
@@ -189,6 +203,7 @@ def _account(nbytes: int, by_origin: list[int], blocks: int, misses: int,
             child.inc(count)
     if misses:
         metrics.BLOCK_MISSES.inc(misses)
+        metrics.READ_MISS_SECONDS.observe(seconds)
     hit_bytes = min(nbytes, (blocks - misses) * BLOCK_SIZE)
     _READ_BYTES["cache"].inc(hit_bytes)
     if nbytes > hit_bytes:

@@ -17,6 +17,15 @@ Open handles keep reading the version they opened.
 
 Log lines a remount leaves: ``mounting the stored namespace`` at once, then ``caught up
 with the hub`` (or ``catch-up failed ... retrying``) once the hub answered.
+
+Hub replicas (``hub_origins``): the polls go to whichever hub is in use, and continue from
+our generation on a new one, since replicas number the same tree alike (wire.py,
+"Replicas"). A hub that answers 400, our generation newer than its own (``HubBehind``: a
+replica one rescan behind the one we got it from), is *not* followed back in time: we keep
+our namespace, so no file goes back to an older version, and poll again as usual; reads
+of files it does not list yet go to a replica that does (``hub_client``). Only if it stays
+"behind" for ``behind_grace_s`` (it numbered a tree differently, which wire.py allows
+after a change that did not move the newest mtime) do we take its snapshot.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ import trio
 
 from hubd import wire
 from spokefs import metrics
-from spokefs.errors import GenerationGone, HubProtocolError, HubUnavailable, UserError
+from spokefs.errors import GenerationGone, HubBehind, HubProtocolError, HubUnavailable, UserError
 from spokefs.hub_client import HubClient
 from spokefs.namespace import Applied, Namespace, NamespaceInfo
 from spokefs.snapshot_load import LoadFailed, reload_snapshot_apart
@@ -40,13 +49,19 @@ log = logging.getLogger(__name__)
 # Seconds between tries of a catch-up that failed (the hub was down at the remount): sooner
 # than the default 60 s poll, so a mount made during an outage is current soon after it.
 CATCH_UP_RETRY_S = 10.0
+# How long a hub may stay behind our generation before we take its snapshot: five of
+# hubd's default 60 s rescans, so a replica one rescan behind always catches up first.
+BEHIND_GRACE_S = 300.0
 
 
 class Refresher:
     """Replication of the hub's namespace into ``Namespace``, at mount and while mounted."""
 
-    def __init__(self, hub: HubClient, ns: Namespace, interval_s: float, mount_deadline_s: float):
+    def __init__(self, hub: HubClient, ns: Namespace, interval_s: float, mount_deadline_s: float,
+                 behind_grace_s: float = BEHIND_GRACE_S):
         self._hub = hub
+        self._behind_grace_s = behind_grace_s
+        self._behind_since: float | None = None  # when a hub first said it is behind us
         self._ns = ns
         self._interval_s = interval_s
         self._mount_deadline_s = mount_deadline_s
@@ -82,14 +97,14 @@ class Refresher:
             await self._full(self._mount_deadline_s)
         except HubUnavailable as exc:
             raise UserError(
-                f"cannot reach the hub at {self._hub.base_url}: {exc.__cause__}"
+                f"cannot reach the hub at {self._hubs()}: {exc.__cause__}"
             ) from None
         except HubProtocolError as exc:
             raise UserError(
-                f"the hub at {self._hub.base_url} refused the namespace: {exc}"
+                f"the hub at {self._hubs()} refused the namespace: {exc}"
             ) from None
         except wire.WireError as exc:
-            raise UserError(f"the hub at {self._hub.base_url} sent a bad snapshot: {exc}") from None
+            raise UserError(f"the hub at {self._hubs()} sent a bad snapshot: {exc}") from None
         except LoadFailed as exc:
             raise UserError(f"cannot store the namespace in {self._ns.path}: {exc}") from None
         info = self._ns.info
@@ -97,6 +112,9 @@ class Refresher:
         log.info("namespace ready: entries=%d generation=%d seconds=%.2f",
                  info.entries, info.generation, time.monotonic() - started)
         return info
+
+    def _hubs(self) -> str:
+        return " or ".join(self._hub.origins.urls)
 
     # -- while mounted ----------------------------------------------------------------
 
@@ -169,6 +187,11 @@ class Refresher:
         try:
             body = await self._hub.fetch_changes(info.generation, deadline_s=deadline_s)
             applied = await trio.to_thread.run_sync(self._ns.apply_changes, body)
+        except HubBehind as exc:
+            if self._keep_while_behind(info.generation, exc):
+                return
+            await self._full(deadline_s)
+            return
         except GenerationGone:
             log.info("hub has no changes since generation %d: taking a full snapshot",
                      info.generation)
@@ -179,15 +202,30 @@ class Refresher:
                         info.generation, exc)
             await self._full(deadline_s)
             return
+        self._behind_since = None
         if applied.records:
             log.info("namespace changes applied: records=%d generation %d -> %d",
                      applied.records, info.generation, applied.info.generation)
         await self._forget(applied)
 
+    def _keep_while_behind(self, generation: int, exc: HubBehind) -> bool:
+        """Whether to keep our namespace although the hub is behind it (see the module
+        docstring); False once it has been behind for ``behind_grace_s``."""
+        now = time.monotonic()
+        if self._behind_since is None:
+            self._behind_since = now
+            log.info("%s: keeping generation %d until it catches up (a snapshot after "
+                     "%.0f s)", exc, generation, self._behind_grace_s)
+        if now - self._behind_since < self._behind_grace_s:
+            return True
+        log.warning("%s for %.0f s: taking its snapshot", exc, now - self._behind_since)
+        return False
+
     async def _full(self, deadline_s: float | None) -> None:
         started = time.monotonic()
         body = await self._hub.fetch_snapshot(deadline_s=deadline_s)
         applied = await reload_snapshot_apart(self._ns, body)
+        self._behind_since = None
         log.info("snapshot loaded: entries=%d generation=%d compressed=%d seconds=%.2f",
                  applied.info.entries, applied.info.generation, len(body),
                  time.monotonic() - started)

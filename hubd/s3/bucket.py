@@ -12,7 +12,8 @@ pool lives there) and waits for it, checking ``cancel`` every 0.2 s; then, still
 thread, it builds the tree (``tree.build_tree``), diffs it against the current generation
 (``changes.diff``) and encodes it: the CPU work never runs on the loop. As for a directory,
 an unchanged listing keeps the generation, and a changed one becomes generation
-``next_generation(previous)`` with its changes in the history: a new ETag is an UPSERT with
+``next_generation(previous, table)`` (a function of the listing, as for a directory) with
+its changes in the history: a new ETag is an UPSERT with
 a new version, a deleted key a REMOVE, a new key an UPSERT.
 
 Versions: the snapshot's version of a file is ``tree.object_version(etag, size)``; the
@@ -142,7 +143,8 @@ class BucketExport:
                 return self._unchanged(old.snapshot, time.perf_counter() - start)
             if cancel is not None and cancel.is_set():
                 raise ScanCancelled
-            generation = next_generation(old.snapshot.generation if old is not None else 0)
+            generation = next_generation(old.snapshot.generation if old is not None else 0,
+                                         table)
             encode_start = time.perf_counter()
             encoded = table.encode(generation, self._zlib_level)
             done = time.perf_counter()

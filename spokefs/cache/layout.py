@@ -40,6 +40,11 @@ whole-chunk checksum (a read verified every 4 KiB block on its own)."""
 
 PROBATION = 0  # stored, not (yet) re-used
 PROTECTED = 1  # re-used, warmed, or back soon after an eviction
+PINNED = 2  # ``spokefs pin``: no eviction walk ever reaches this segment (see ``eviction``)
+"""A third segment rather than a flag: every eviction walk seeks within one segment's range
+of the ``order`` db and stops at its end, so pinned chunks are never even looked at, and no
+walk pays for them. Layout 3 is kept: older code reads a pinned header as undecodable and
+drops the chunk (a downgrade loses the pins' bytes, never the cache's consistency)."""
 
 KEY = struct.Struct(">QQQ")
 ORDER_KEY = struct.Struct(">BQ")
@@ -66,7 +71,7 @@ class ChunkHead:
     Attributes:
         bitmap: bit ``s`` set when block slot ``s`` is present.
         origin: how the chunk first arrived (``block_cache.ORIGIN_*``); merges keep it.
-        segment: PROBATION or PROTECTED.
+        segment: PROBATION, PROTECTED or PINNED.
         seq: its key in the ``order`` db within its segment.
         stored_tick: access-clock tick when it entered probation (a demand fill: the tick of
             the read that missed it) or was promoted.
@@ -94,7 +99,7 @@ class ChunkHead:
         except (struct.error, IndexError) as exc:
             raise BadHead(str(exc)) from None
         tail = bytes(raw[end:])
-        if bitmap >> CHUNK_BLOCKS or segment > PROTECTED or len(tail) > _OVERFLOW_PAGE_HEADER:
+        if bitmap >> CHUNK_BLOCKS or segment > PINNED or len(tail) > _OVERFLOW_PAGE_HEADER:
             raise BadHead("impossible header fields")
         return cls(bitmap, origin, segment, seq, tick, sums, tail, chunk_sum)
 
@@ -137,6 +142,8 @@ class CacheState:
     Attributes:
         nbytes, chunks: block bytes and chunks stored.
         protected_bytes, protected_chunks: the part in the PROTECTED segment.
+        pinned_bytes: the part in the PINNED segment (the meta record's last field, which
+            layout 3 left zero).
         seq: last order seq handed out (both segments share the counter).
         hand: seq where the PROTECTED segment's clock hand stopped.
         tick: the access clock when the transaction began (stored ticks never go back).
@@ -150,16 +157,17 @@ class CacheState:
     seq: int = 0
     hand: int = 0
     tick: int = 0
+    pinned_bytes: int = 0
     evicted: int = 0
 
     @classmethod
     def decode(cls, raw: bytes | None) -> CacheState:
         if raw is None:
             return cls()
-        return cls(*_STATE.unpack(raw)[:7])
+        return cls(*_STATE.unpack(raw))
 
     def encode(self) -> bytes:
         return _STATE.pack(
             self.nbytes, self.chunks, self.protected_bytes, self.protected_chunks,
-            self.seq, self.hand, self.tick, 0,
+            self.seq, self.hand, self.tick, self.pinned_bytes,
         )

@@ -21,6 +21,7 @@ from spokefs.cache.eviction import Evictor
 from spokefs.cache.layout import (
     KEY,
     LAYOUT,
+    PINNED,
     PROBATION,
     PROTECTED,
     BadHead,
@@ -36,7 +37,8 @@ from spokefs.types import FileVersion
 ORIGIN_DEMAND = 0
 ORIGIN_PREFETCH = 1
 ORIGIN_WARM = 2
-ORIGINS = ("demand", "prefetch", "warm")
+ORIGIN_REPLAY = 3  # fetched by a trace replay (``replay``); kept like prefetched data
+ORIGINS = ("demand", "prefetch", "warm", "replay")
 
 _MAX_EVICT_BATCH = 64 << 20
 
@@ -459,6 +461,8 @@ class ChunkStore:
         st.nbytes += nbytes
         if head.segment == PROTECTED:
             st.protected_bytes += nbytes
+        elif head.segment == PINNED:
+            st.pinned_bytes += nbytes
 
     def delete(self, txn: lmdb.Transaction, st: CacheState, key: bytes, head: ChunkHead) -> None:
         """Remove a chunk, its header and its order record, and uncount its bytes."""
@@ -476,6 +480,77 @@ class ChunkStore:
         txn.delete(key, db=self._head)
         st.nbytes -= len(value) if value is not None else 0
         st.chunks -= 1
+
+    def pin(self, fv: FileVersion, limit_bytes: int, tick: int) -> tuple[CacheState, int, int]:
+        """Move a file version's chunks to the PINNED segment, all or none.
+
+        Returns the totals, the bytes newly pinned, and the bytes missing (chunks not held
+        whole: nothing is pinned then, the caller fetches and tries again). Pinning nothing
+        but what fits: if the pinned bytes would exceed ``limit_bytes``, nothing changes and
+        the bytes newly pinned are -1.
+        """
+        with self._writing(None) as (txn, st):
+            st.tick = max(st.tick, tick)
+            moves: list[tuple[bytes, ChunkHead, int]] = []
+            missing = 0
+            for ci in range(fv.chunks()):
+                key = KEY.pack(fv.file_id, fv.version, ci)
+                want = min(CHUNK_BLOCKS, fv.blocks() - ci * CHUNK_BLOCKS)
+                head = self.read_head(txn, key)
+                value = None if head is None else txn.get(key, db=self._data)
+                if head is None or value is None or \
+                        (head.bitmap & ((1 << want) - 1)).bit_count() < max(want, 0):
+                    missing += min(CHUNK_SIZE, fv.size - ci * CHUNK_SIZE)
+                elif head.segment != PINNED:
+                    moves.append((key, head, len(value) + len(head.tail)))
+            added = sum(n for _, _, n in moves)
+            if missing:
+                return st, 0, missing
+            if st.pinned_bytes + added > limit_bytes:
+                return st, -1, 0
+            for key, head, nbytes in moves:
+                self._move(txn, st, key, head, nbytes, PINNED)
+        return st, added, 0
+
+    def unpin(self, file_id: int, tick: int) -> tuple[CacheState, int]:
+        """Move every pinned chunk of every version of a file to the PROTECTED segment (it
+        was wanted; the clock hand lets it go once nobody reads it). Returns the totals and
+        the bytes unpinned."""
+        freed = 0
+        prefix = KEY.pack(file_id, 0, 0)[:8]
+        with self._writing(None) as (txn, st):
+            st.tick = max(st.tick, tick)
+            cur = txn.cursor(db=self._head)
+            keys = []
+            if cur.set_range(prefix):
+                for key in cur.iternext(values=False):
+                    if bytes(key[:8]) != prefix:
+                        break
+                    keys.append(bytes(key))
+            for key in keys:
+                head = self.read_head(txn, key)
+                value = None if head is None else txn.get(key, db=self._data)
+                if head is None or value is None or head.segment != PINNED:
+                    continue
+                nbytes = len(value) + len(head.tail)
+                self._move(txn, st, key, head, nbytes, PROTECTED)
+                freed += nbytes
+        return st, freed
+
+    def _move(self, txn: lmdb.Transaction, st: CacheState, key: bytes, head: ChunkHead,
+              nbytes: int, segment: int) -> None:
+        """Move a stored chunk of ``nbytes`` to the end of another segment."""
+        self._account(st, head, -nbytes)
+        if head.segment == PROTECTED:
+            st.protected_chunks -= 1
+        txn.delete(head.order_key(), db=self.order_db)
+        st.seq += 1
+        head.segment, head.seq, head.stored_tick = segment, st.seq, st.tick
+        if segment == PROTECTED:
+            st.protected_chunks += 1
+        self._account(st, head, nbytes)
+        txn.put(head.order_key(), key, db=self.order_db)
+        txn.put(key, head.encode(), db=self._head)
 
     def _apply_promotions(self, txn: lmdb.Transaction, st: CacheState, plan: Plan) -> None:
         for key in plan.promote:

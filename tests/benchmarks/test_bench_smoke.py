@@ -128,3 +128,18 @@ def test_bench_tier_smoke(tmp_path: Path) -> None:
     assert far["three"]["median"] >= 2.9, far
     assert 1.0 <= far["three_tier"]["median"] <= 1.05, far
     assert {g["key"] for g in record["grades"]} == {"far_ratio", "throughput_ratio"}
+
+
+@pytest.mark.fuse
+@pytest.mark.slow
+def test_bench_replicas_smoke(tmp_path: Path) -> None:
+    record = run_script("bench_replicas.py", tmp_path, "--smoke", "--work-dir",
+                        str(tmp_path / "work"))
+    check_grades(record)
+    [run] = record["runs"]
+    assert run["failovers"] >= 1 and run["stall_s"] is not None, run  # it did fail over
+    assert (run["failed"], run["wrong_bytes"], run["refetched_blocks"]) == (0, 0, 0), run
+    # every byte of the epoch came down one link or the other, once (at the emulators)
+    assert run["epoch_link_bytes_a"] + run["epoch_link_bytes_b"] >= run["epoch_file_bytes"], run
+    assert run["back_s"] is not None, run  # back on the restarted preferred hub
+    assert {g["verdict"] for g in record["grades"]} == {"PASS"}, record["grades"]

@@ -24,14 +24,48 @@ def test_the_readme_fstab_line() -> None:
     assert parsed.cache_size == 500 << 30 and parsed.daemon
 
 
+def test_hub_replicas_in_the_source() -> None:
+    """An fstab source ``URL1,URL2`` is passed through: spokefs mounts both replicas."""
+    source, target, options, _ = parse_args(
+        ["http://hub-a:8600,http://hub-b:8600", "/mnt/dataset", "-o",
+         "cache_dir=/var/cache/spokefs,cache_size=500G,_netdev"])
+    args = spokefs_args(options, sloppy=False)
+    parsed = cli._parser().parse_args(["mount", source, target, *args])
+    cfg = cli._config(parsed)
+    assert cfg.hub_urls == ("http://hub-a:8600", "http://hub-b:8600")
+    assert cfg.hub_source == source
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["http://a:1,http://a:1/"], "given twice"),
+    (["http://a:1", "--hub", "http://a:1"], "given twice"),
+    (["http://a:1,ftp://b:2"], "bad hub URL 'ftp://b:2'"),
+    (["http://a:1,"], "bad hub URL ''"),
+    (["http://a:1", "--hub-failover-after", "0"], "must be positive"),
+])
+def test_bad_hub_lists_are_one_line_errors(argv: list[str], message: str) -> None:
+    parsed = cli._parser().parse_args(["mount", argv[0], "/m", "--cache-dir", "/c",
+                                       "--cache-size", "1G", *argv[1:]])
+    with pytest.raises(cli.UserError, match=message):
+        cli._config(parsed)
+
+
+def test_more_hubs_with_the_hub_flag() -> None:
+    parsed = cli._parser().parse_args(["mount", "http://a:1", "/m", "--cache-dir", "/c",
+                                       "--cache-size", "1G", "--hub", "http://b:2",
+                                       "--hub", "http://c:3/"])
+    assert cli._config(parsed).hub_urls == ("http://a:1", "http://b:2", "http://c:3")
+
+
 def test_every_value_option_is_a_spokefs_flag() -> None:
     options = ["cache_dir=/c", "cache_size=1G", "token_file=/t", "ca_file=/ca.pem",
                "metrics_port=9200", "metrics_addr=10.0.0.7", "hub_deadline=120",
                "mount_deadline=10", "refresh_interval=300", "log_file=/var/log/s.log",
                "log_level=DEBUG", "uid=1000", "gid=1000", "no_prefetch",
-               "tier=http://tier.region:8700"]
+               "hub_failover_after=5", "tier=http://tier.region:8700"]
     args = spokefs_args(options, sloppy=False)
     parsed = cli._parser().parse_args(["mount", "http://h:1", "/m", *args])
+    assert parsed.hub_failover_after == 5.0
     assert parsed.metrics_port == 9200 and parsed.no_prefetch and parsed.uid == 1000
     assert parsed.refresh_interval == 300.0 and parsed.log_level == "DEBUG"
     assert parsed.tier == "http://tier.region:8700"

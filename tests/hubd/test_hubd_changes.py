@@ -224,10 +224,10 @@ def test_an_id_collision_is_found_and_the_second_inode_left_out(
     intruder = os.lstat(tree.root / "sub" / "deeper")  # a directory, listed after the file
     real = scan.file_id_of
 
-    def colliding(st: os.stat_result) -> int:
+    def colliding(st: os.stat_result, mount: bytes = b"") -> int:
         if (st.st_dev, st.st_ino) == (intruder.st_dev, intruder.st_ino):
             return real(victim)
-        return real(st)
+        return real(st, mount)
 
     monkeypatch.setattr(scan, "file_id_of", colliding)
     with caplog.at_level(logging.WARNING, logger="hubd"):
@@ -251,9 +251,9 @@ def test_a_reused_inode_of_another_type_is_removed_first(
     new_dir = os.lstat(tree.root / "empty")
     real = scan.file_id_of
 
-    def reused(st: os.stat_result) -> int:
+    def reused(st: os.stat_result, mount: bytes = b"") -> int:
         same = (st.st_dev, st.st_ino) == (new_dir.st_dev, new_dir.st_ino)
-        return old_id if same else real(st)
+        return old_id if same else real(st, mount)
 
     monkeypatch.setattr(scan, "file_id_of", reused)
     export.rescan()

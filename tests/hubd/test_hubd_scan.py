@@ -11,7 +11,14 @@ import pytest
 
 from hubd import wire
 from hubd.errors import StaleVersion, UnknownFile
-from hubd.export_root import ExportRoot, Snapshot, file_id_of, next_generation, version_of
+from hubd.export_root import (
+    ExportRoot,
+    Snapshot,
+    file_id_of,
+    generation_of,
+    next_generation,
+    version_of,
+)
 
 from tests.hubd.hubd_testlib import DATA, ODD_NAMES, Tree, decode_snapshot, paths_of
 
@@ -119,10 +126,21 @@ def test_unreadable_directories_are_listed_empty(
     export.close()
 
 
-def test_generation_always_grows() -> None:
-    far_future = next_generation(0) + 10**12
-    assert next_generation(far_future) == far_future + 1
-    assert next_generation(5) > 5
+def test_generation_is_a_function_of_the_table_and_always_grows(
+        tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
+    export, snap = _scan(tree, caplog)
+    table = snap.table
+    derived = generation_of(table)
+    assert snap.generation == derived  # the first scan: nothing to grow past
+    assert derived >> 20 == max(e.mtime_ns for e in snap.entries) // 1_000_000
+    assert next_generation(derived - 1, table) == derived  # any hub, any earlier generation
+    # A tree whose newest mtime did not move (a chmod, touch -d): still above the previous,
+    # by one millisecond, with the tree's own hash bits.
+    later = next_generation(derived + 5, table)
+    assert later == (((derived >> 20) + 1) << 20) | (derived & 0xFFFFF) and later > derived + 5
+    top = (1 << 63) - 1
+    assert next_generation(top - 1, table) == top  # no room for a millisecond more
+    export.close()
 
 
 def test_open_file_checks_kind_and_version(tree: Tree, caplog: pytest.LogCaptureFixture) -> None:

@@ -32,11 +32,19 @@ def names_of(root: Path) -> set[str]:
     return {str(Path(d, n).relative_to(root)) for d, ds, fs in os.walk(root) for n in ds + fs}
 
 
-def view_of(root: Path) -> dict[str, tuple[int, int]]:
-    """rel path -> (mode, size), through lstat (what the kernel's attribute cache holds)."""
+def view_of(root: Path, *, changing: bool = False) -> dict[str, tuple[int, int]]:
+    """rel path -> (mode, size), through lstat (what the kernel's attribute cache holds).
+
+    ``changing``: the namespace may change during the walk (a catch-up committing), so a
+    name listed and then gone before its lstat is left out instead of failing."""
     out = {}
     for rel in names_of(root):
-        st = os.lstat(root / rel)
+        try:
+            st = os.lstat(root / rel)
+        except FileNotFoundError:
+            if not changing:
+                raise
+            continue
         out[rel] = (st.st_mode, st.st_size)
     return out
 
@@ -82,7 +90,7 @@ def assert_stored_then_current(spoke: SpokeMount, stored: dict[str, tuple[int, i
                                src: Path) -> None:
     """The mount serves the stored view until the catch-up, then exactly the source, with
     no stale name or attribute left in the kernel's caches (we looked at all of them)."""
-    seen = view_of(spoke.mnt)  # also fills the kernel's entry and attribute caches
+    seen = view_of(spoke.mnt, changing=True)  # also fills the kernel's entry and attr caches
     if "caught up with the hub" not in spoke.stderr():
         # the catch-up may commit while the walk runs (its log line comes just after): each
         # name the walk saw is as stored or as current, never anything else

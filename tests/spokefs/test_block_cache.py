@@ -18,11 +18,12 @@ from spokefs import metrics
 from spokefs.cache.block_cache import (
     ORIGIN_DEMAND,
     ORIGIN_PREFETCH,
+    ORIGIN_REPLAY,
     ORIGIN_WARM,
     BlockCache,
     CacheStats,
 )
-from spokefs.cache.layout import KEY, PROTECTED, ChunkHead
+from spokefs.cache.layout import KEY, PINNED, PROTECTED, ChunkHead
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
 from spokefs.fetcher import Fetcher
 from spokefs.reader import Reader
@@ -38,7 +39,7 @@ def blocks_of(data: bytes, indexes: range) -> list[tuple[int, bytes]]:
 def recount(cache: BlockCache) -> CacheStats:
     """The totals, counted from the records themselves."""
     store = cache._store
-    nbytes = chunks = pbytes = pchunks = 0
+    nbytes = chunks = pbytes = pchunks = pinned = 0
     with store._env.begin() as txn:
         for key, raw in txn.cursor(db=store._head):
             head = ChunkHead.decode(raw)
@@ -48,8 +49,11 @@ def recount(cache: BlockCache) -> CacheStats:
             if head.segment == PROTECTED:
                 pbytes += size
                 pchunks += 1
+            elif head.segment == PINNED:
+                pinned += size
+            assert txn.get(head.order_key(), db=store.order_db) == key
         assert txn.stat(store.order_db)["entries"] == chunks  # one order record per chunk
-    return CacheStats(nbytes, cache.max_bytes, chunks, pbytes, pchunks)
+    return CacheStats(nbytes, cache.max_bytes, chunks, pbytes, pchunks, pinned)
 
 
 def hits(name: str) -> float:
@@ -124,11 +128,14 @@ async def test_origin_of_hits_and_merges_keep_the_first(tmp_path):
     await cache.put_runs(1, 1, [(CHUNK_BLOCKS, data[CHUNK_SIZE:2 * CHUNK_SIZE])],
                          ORIGIN_PREFETCH)
     await cache.put_runs(1, 1, [(2 * CHUNK_BLOCKS, data[2 * CHUNK_SIZE:])], ORIGIN_WARM)
+    await cache.put_runs(2, 1, [(0, data[:CHUNK_SIZE])], ORIGIN_REPLAY)
     got = await cache.get_blocks(1, 1, 0, 3 * CHUNK_BLOCKS - 1)
     assert len(got) == 48
-    assert got.by_origin == [16, 16, 16]
+    assert got.by_origin == [16, 16, 16, 0]
     got = await cache.get_blocks(1, 1, 20, 40)
-    assert got.by_origin == [0, 12, 9]
+    assert got.by_origin == [0, 12, 9, 0]
+    got = await cache.get_blocks(2, 1, 0, CHUNK_BLOCKS - 1)
+    assert got.by_origin == [0, 0, 0, 16]
     cache.close()
 
 
@@ -169,6 +176,40 @@ async def test_full_cache_evicts_and_stays_under_quota(tmp_path):
     cache.close()
 
 
+async def test_pinned_chunks_are_never_evicted_and_pins_are_bounded(tmp_path):
+    quota = 1 << 20
+    cache = BlockCache(tmp_path, quota)
+    keep = FileVersion(1, 1, 3 * CHUNK_SIZE)
+    data = os.urandom(keep.size)
+    assert await cache.pin(keep, quota // 2) == (0, keep.size)  # nothing cached: nothing done
+    await cache.put_runs(1, 1, blocks_of(data, range(3 * CHUNK_BLOCKS)))
+    assert await cache.pin(keep, quota // 2) == (keep.size, 0)
+    assert await cache.pin(keep, quota // 2) == (0, 0)  # pinned already
+    assert cache.statistics().pinned_bytes == keep.size
+    big = FileVersion(2, 1, 6 * CHUNK_SIZE)
+    await cache.put_runs(2, 1, blocks_of(os.urandom(big.size), range(6 * CHUNK_BLOCKS)))
+    assert await cache.pin(big, quota // 2) == (-1, 0)  # 3 + 6 chunks > 8: refused, unchanged
+    assert cache.statistics().pinned_bytes == keep.size
+    rng = random.Random(2)
+    for fid in range(10, 200):  # churn of 12x the cache, with reads: everything else goes
+        await cache.put_runs(fid, 1, blocks_of(os.urandom(CHUNK_SIZE), range(CHUNK_BLOCKS)))
+        await cache.get_blocks(rng.randrange(10, fid + 1), 1, 0, CHUNK_BLOCKS - 1)
+        assert cache.statistics().bytes_used <= quota
+    assert await cache.get_blocks(2, 1, 0, 6 * CHUNK_BLOCKS - 1) == {}
+    assert b"".join((await cache.get_blocks(1, 1, 0, 3 * CHUNK_BLOCKS - 1)).values()) == data
+    assert cache.statistics() == recount(cache)
+    cache.close()
+    cache = BlockCache(tmp_path, quota)  # pins persist
+    assert cache.statistics().pinned_bytes == keep.size == recount(cache).pinned_bytes
+    # unpinning covers every version of the file
+    await cache.put_runs(1, 2, blocks_of(data[:CHUNK_SIZE], range(CHUNK_BLOCKS)))
+    assert (await cache.pin(FileVersion(1, 2, CHUNK_SIZE), quota // 2))[0] == CHUNK_SIZE
+    assert await cache.unpin(1) == keep.size + CHUNK_SIZE
+    assert cache.statistics().pinned_bytes == 0
+    assert cache.statistics() == recount(cache)
+    cache.close()
+
+
 async def test_random_operations_keep_the_totals_exact(tmp_path):
     quota = 2 << 20
     cache = BlockCache(tmp_path, quota)
@@ -179,11 +220,17 @@ async def test_random_operations_keep_the_totals_exact(tmp_path):
         first = rng.randrange(0, 64)
         if rng.random() < 0.4:
             await cache.get_blocks(fid, 1, first, first + rng.randrange(0, 40))
+        elif rng.random() < 0.1:  # pins: whole files of one chunk, if they are there
+            if rng.random() < 0.5:
+                await cache.pin(FileVersion(fid, 1, CHUNK_SIZE), quota // 4)
+            else:
+                await cache.unpin(fid)
         else:
             n = rng.randrange(1, 40) * BLOCK_SIZE - rng.choice([0, 0, 100])
-            origin = rng.choice([ORIGIN_DEMAND, ORIGIN_PREFETCH, ORIGIN_WARM])
+            origin = rng.choice([ORIGIN_DEMAND, ORIGIN_PREFETCH, ORIGIN_WARM, ORIGIN_REPLAY])
             await cache.put_runs(fid, 1, [(first, payload[:n])], origin)
         assert cache.statistics().bytes_used <= quota
+        assert cache.statistics().pinned_bytes <= quota // 4
     assert cache.statistics() == recount(cache)
     cache.close()
     reopened = BlockCache(tmp_path, quota)

@@ -1,0 +1,342 @@
+"""Trace replay: fetch a trace's working set ahead of the job, in first-access order, at
+the link's full speed (``spokefs mount --replay``, ``spokefs warm --trace``/``--files-from``).
+
+- **Order.** Targets go in the trace's order, so the files a job reads first arrive first;
+  epoch 1 of the next run then reads what has already arrived, as long as the replay stays
+  ahead of it.
+- **Full speed.** Small files come in their directories' packs (``wire.plan_packs``, one
+  URL per small file for a regional tier; a pack is started at the first of its files in
+  the trace, so a trace that read part of a directory also brings the rest of each pack it
+  touches, at most ``wire.PACK_MAX_BYTES`` a pack), large ones in ranges of
+  ``request_bytes`` (runs of the trace's extents, cut); requests run in parallel until
+  about twice the link's bandwidth-delay product is in flight (``link_model.LinkReach``, as
+  directory fills do): a long link is full only when that much is on its way.
+- **Demand first.** A reader's miss is fetched by the reader at once (``fetcher.demand``
+  ignores every background limit), and a replay never has more than its in-flight bound on
+  the link ahead of it; what a reader has fetched is skipped when the replay gets there.
+- **Skips what is cached**, so a replay is resumable: run it again and it goes on where it
+  stopped (cached chunks cost a header read, inline).
+- **Bounded by the cache.** The targets are cut where the working set would exceed the cache
+  less its fill window and the pinned bytes: fetching more would evict the replay's own
+  first bytes before the job reads them. What is left out is reported.
+- Replayed chunks are stored with their own origin (``ORIGIN_REPLAY``), so hits on them
+  count apart (``spokefs_block_hits_total{origin="replay"}``).
+
+One replay runs at a time: a new one replaces the one running. ``progress()`` is what
+``spokefs warm`` draws and the metrics show.
+
+Concurrency: ``start``/``stop`` are synchronous (control handlers call them); the job runs
+in a task of ``run``'s nursery, its requests in a nursery of its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Protocol
+
+import trio
+
+from hubd import wire
+from spokefs import metrics
+from spokefs.cache.block_cache import BlockCache
+from spokefs.errors import SpokeError
+from spokefs.fetcher import Fetcher
+from spokefs.link_model import LinkReach
+from spokefs.trace import EXTENT_BYTES
+from spokefs.trace_file import Entry, Resolved, Target
+from spokefs.types import FileVersion
+
+log = logging.getLogger(__name__)
+
+_MIN_INFLIGHT_BYTES = 8 << 20
+_INITIAL_INFLIGHT_BYTES = 64 << 20  # as directory fills: 1 Gbit/s x 0.5 s, until measured
+
+
+class PackFinder(Protocol):
+    """Where a small file's pack is (``mount._DirLister``: each directory's packs, listed
+    once and kept)."""
+
+    async def pack_of(self, dir_id: int, fv: FileVersion) -> wire.PackPlan | None: ...
+
+
+@dataclass(slots=True)
+class _PackJob:
+    """A pack this replay started: the bytes of the trace's files that come with it, and
+    whether it is over (files attached later count as done at once)."""
+
+    attached: int = 0
+    finished: bool = False
+
+
+@dataclass(slots=True)
+class Progress:
+    """Where the current (or last) replay is; bytes are the working set's.
+
+    Attributes:
+        id: the replay's number since the mount (a client knows when it was replaced).
+        name: what it replays (a file name, for logs and ``status``).
+        state: resolving, running, done, stopped or failed.
+        entries, changed, missing: the trace's entries, and those whose path names another
+            version now or nothing (see ``trace_file``).
+        over_budget_bytes: bytes left out because they would not fit in the cache.
+        total_bytes, done_bytes: the working set replayed, and the part cached so far.
+        fetched_bytes: bytes this replay fetched (the rest was cached already).
+        failed_bytes: bytes whose requests failed (a rerun fetches them).
+    """
+
+    id: int = 0
+    name: str = ""
+    state: str = "idle"
+    entries: int = 0
+    changed: int = 0
+    missing: int = 0
+    over_budget_bytes: int = 0
+    total_bytes: int = 0
+    done_bytes: int = 0
+    fetched_bytes: int = 0
+    failed_bytes: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class Replayer:
+    """Fetches traces' working sets ahead of the readers."""
+
+    def __init__(
+        self, fetcher: Fetcher, reach: LinkReach, resolve: Callable[[list[Entry]], Resolved],
+        packs: PackFinder, *, small_file_bytes: int, request_bytes: int, max_inflight_bytes: int,
+        budget_bytes: Callable[[], int],
+    ) -> None:
+        self._fetcher = fetcher
+        self._reach = reach
+        self._resolve = resolve
+        self._packs = packs
+        self._small = small_file_bytes
+        self._request_bytes = request_bytes
+        self._max_inflight = max(max_inflight_bytes, _MIN_INFLIGHT_BYTES)
+        self._budget = budget_bytes
+        self._ids = itertools.count(1)
+        self._progress = Progress()
+        self._pending: tuple[Progress, list[Entry]] | None = None
+        self._scope: trio.CancelScope | None = None
+        self._wake = trio.Event()
+        self._inflight = 0
+        self._changed = trio.Event()
+        self._settled = trio.Event()  # set (and replaced) whenever a replay ends
+
+    # -- control (synchronous) ----------------------------------------------------------
+
+    def start(self, entries: list[Entry], name: str) -> int:
+        """Replay ``entries`` (replacing a replay that runs); its id."""
+        progress = Progress(id=next(self._ids), name=name, state="resolving",
+                            entries=len(entries))
+        self._pending = (progress, entries)
+        self._progress = progress
+        if self._scope is not None:
+            self._scope.cancel()
+        self._wake.set()
+        return progress.id
+
+    def stop(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+        self._pending = None
+
+    def progress(self) -> Progress:
+        return self._progress
+
+    async def wait_finished(self) -> Progress:
+        """Wait until no replay is resolving or running; the last one's progress."""
+        while self._progress.state in ("resolving", "running"):
+            await self._settled.wait()
+        return self._progress
+
+    @property
+    def cache(self) -> BlockCache:
+        return self._fetcher.cache
+
+    # -- the job --------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            if self._pending is None:
+                continue
+            progress, entries = self._pending
+            self._pending = None
+            with trio.CancelScope() as scope:
+                self._scope = scope
+                await self._replay(progress, entries)
+            self._scope = None
+            if scope.cancelled_caught and progress.state in ("resolving", "running"):
+                progress.state = "stopped"
+                log.info("replay %d (%s) stopped at %d of %d bytes", progress.id,
+                         progress.name, progress.done_bytes, progress.total_bytes)
+            self._settled.set()
+            self._settled = trio.Event()
+
+    async def _replay(self, progress: Progress, entries: list[Entry]) -> None:
+        started = time.monotonic()
+        try:
+            resolved = await trio.to_thread.run_sync(self._resolve, entries)
+        except SpokeError as exc:
+            progress.state = "failed"
+            log.warning("replay %d (%s): %s", progress.id, progress.name, exc)
+            return
+        progress.changed, progress.missing = resolved.changed, resolved.missing
+        targets, over = _within(resolved.targets, self._budget())
+        progress.over_budget_bytes = over
+        progress.total_bytes = sum(t.nbytes(EXTENT_BYTES) for t in targets)
+        progress.state = "running"
+        metrics.REPLAY_TOTAL_BYTES.set(progress.total_bytes)
+        metrics.REPLAY_DONE_BYTES.set(0)
+        log.info("replay %d (%s): %d files, %d bytes (%d entries changed on the hub, %d gone, "
+                 "%d bytes beyond the cache left out)", progress.id, progress.name,
+                 len(targets), progress.total_bytes, resolved.changed, resolved.missing, over)
+        try:
+            async with trio.open_nursery() as nursery:
+                await self._issue(progress, targets, nursery)
+            await self._fetcher.cache.flush()  # done means stored, as for ``warm``
+        finally:
+            progress.seconds = time.monotonic() - started
+        progress.state = "done"
+        log.info("replay %d (%s) done: %d bytes fetched, %d cached already, %d failed, "
+                 "in %.1f s", progress.id, progress.name, progress.fetched_bytes,
+                 progress.done_bytes - progress.fetched_bytes - progress.failed_bytes,
+                 progress.failed_bytes, progress.seconds)
+
+    async def _issue(self, progress: Progress, targets: list[Target],
+                     nursery: trio.Nursery) -> None:
+        """Walk the targets in order, starting requests while the in-flight bound allows."""
+        packs: dict[str, _PackJob] = {}  # the packs this replay started, by URL path
+        for n, t in enumerate(targets):
+            if n % 256 == 0:
+                await trio.lowlevel.checkpoint()  # a long run of cached files must not
+                # hold the event loop
+            if t.extents is None and wire.packable(t.fv.size) and t.fv.size <= self._small:
+                await self._small_file(progress, t, packs, nursery)
+                continue
+            for start, end in _ranges(t, self._request_bytes):
+                present = self._fetcher.cache.present_chunks_now(
+                    t.fv, start // _CHUNK, (end - 1) // _CHUNK)
+                if len(present) == (end - 1) // _CHUNK - start // _CHUNK + 1:
+                    self._done(progress, end - start)
+                    continue
+                await self._launch(nursery, end - start, self._range, progress, t.fv, start,
+                                   end)
+
+    async def _small_file(self, progress: Progress, t: Target, packs: dict[str, _PackJob],
+                          nursery: trio.Nursery) -> None:
+        """A small file comes through its directory's pack (protocol v2: one URL per small
+        file, so a regional tier caches it once); a pack is started once per replay."""
+        if self._fetcher.busy_or_cached(t.fv):
+            self._done(progress, t.fv.size)
+            return
+        plan = await self._packs.pack_of(t.dir_id, t.fv)
+        if plan is None:  # the namespace moved on: the file alone
+            await self._launch(nursery, t.fv.size, self._range, progress, t.fv, 0, t.fv.size)
+            return
+        job = packs.get(plan.path)
+        if job is None:
+            job = packs[plan.path] = _PackJob()
+            job.attached += t.fv.size
+            await self._launch(nursery, plan.file_bytes, self._pack, progress, plan, job)
+        elif job.finished:
+            self._done(progress, t.fv.size)  # it came (or failed) with its pack already
+        else:
+            job.attached += t.fv.size
+
+    async def _launch(self, nursery: trio.Nursery, nbytes: int,
+                      fn: Callable[..., Awaitable[None]], *args: object) -> None:
+        """Start ``fn(*args)`` once ``nbytes`` more fit in flight (one request at least)."""
+        while self._inflight and self._inflight + nbytes > self._target_inflight():
+            self._changed = trio.Event()
+            with trio.move_on_after(0.25):  # the target follows the link as it is measured
+                await self._changed.wait()
+        await self._fetcher.cache.wait_room()
+        self._inflight += nbytes
+        nursery.start_soon(fn, *args)
+
+    async def _pack(self, progress: Progress, plan: wire.PackPlan, job: _PackJob) -> None:
+        try:
+            fetched = await self._fetcher.fetch_pack(plan, replay=True)
+            got = sum(f.size for f in fetched)
+            progress.fetched_bytes += got
+        except SpokeError as exc:  # a rerun fetches it
+            progress.failed_bytes += job.attached
+            log.debug("replay pack failed: %s", exc)
+        finally:
+            job.finished = True
+            self._done(progress, job.attached)
+            self._inflight -= plan.file_bytes
+            self._changed.set()
+
+    async def _range(self, progress: Progress, fv: FileVersion, start: int, end: int) -> None:
+        try:
+            got = await self._fetcher.prefetch_range(fv, start, end, replay=True)
+            progress.fetched_bytes += got  # not ``+= await``: that reads the total first
+            self._done(progress, end - start)
+        except SpokeError as exc:
+            progress.failed_bytes += end - start
+            self._done(progress, end - start)
+            log.debug("replay range failed: %s", exc)
+        finally:
+            self._inflight -= end - start
+            self._changed.set()
+
+    def _done(self, progress: Progress, nbytes: int) -> None:
+        progress.done_bytes += nbytes
+        if progress is self._progress:
+            metrics.REPLAY_DONE_BYTES.set(progress.done_bytes)
+
+    def _target_inflight(self) -> int:
+        """About twice the bandwidth-delay product (as ``dir_fill``)."""
+        bdp = self._reach.bdp_bytes()
+        if bdp is None:
+            return _INITIAL_INFLIGHT_BYTES
+        return min(self._max_inflight, max(_MIN_INFLIGHT_BYTES, 2 * bdp))
+
+
+_CHUNK = 64 << 10  # config.CHUNK_SIZE; ranges are cut on chunk boundaries
+
+
+def _ranges(t: Target, request_bytes: int) -> list[tuple[int, int]]:
+    """The byte ranges of a target, runs of its extents merged (in first-touch order of
+    each run's start) and cut into requests of at most ``request_bytes``, chunk-aligned."""
+    size = t.fv.size
+    if size == 0:
+        return []
+    if t.extents is None:
+        spans = [(0, size)]
+    else:
+        spans = []
+        for e in t.extents:
+            a, b = e * EXTENT_BYTES, min(size, (e + 1) * EXTENT_BYTES)
+            if a >= b:
+                continue
+            if spans and spans[-1][1] == a:
+                spans[-1] = (spans[-1][0], b)
+            else:
+                spans.append((a, b))
+    step = max(_CHUNK, request_bytes // _CHUNK * _CHUNK)
+    return [(s, min(s + step, b)) for a, b in spans for s in range(a, b, step)]
+
+
+def _within(targets: list[Target], budget: int) -> tuple[list[Target], int]:
+    """The longest prefix of the targets whose bytes fit in ``budget`` (the first accesses
+    come first), and the bytes left out."""
+    total = 0
+    for n, t in enumerate(targets):
+        size = t.nbytes(EXTENT_BYTES)
+        if total + size > budget:
+            return targets[:n], sum(u.nbytes(EXTENT_BYTES) for u in targets[n:])
+        total += size
+    return targets, 0
