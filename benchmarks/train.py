@@ -28,7 +28,12 @@ read error is a mismatch; any mismatch makes the benchmark exit 1). Configuratio
   in the background. Its figures: samples/s after the first 100 batches over spoke-warm's
   (same run and mode), epoch time over local, link bytes from the mount to the end of the
   epoch over the trace's working set, and the p99 of reads that waited for the hub
-  (``spokefs_read_miss_seconds``) over spoke-cold's (the same mount without a replay).
+  (``spokefs_read_miss_seconds``) over spoke-cold's (the same mount without a replay);
+- ``bucket-cold``: ``hubd serve s3://BUCKET`` -> longlink (its own) -> a fresh ``spokefs
+  mount``, one cold epoch; the dataset is uploaded once per RTT to a real SeaweedFS (``weed
+  mini`` on 127.0.0.1, tests/helpers/seaweed.py). ``--hub-source both`` adds it next to the
+  directory hub's ``spoke-cold`` (issue 15's goals are graded on the pair, run by run);
+  ``--hub-source bucket`` runs it instead of the ``spoke-*`` configurations.
 
 The kernel page cache is dropped (``sync; echo 3 > /proc/sys/vm/drop_caches``) before every
 epoch. Modes: ``io`` (the loop takes batches as fast as they come) and ``train`` (after each
@@ -52,7 +57,7 @@ series) to benchmarks/results/train.jsonl.
     python benchmarks/train.py [--quick | --smoke] [--rtts 60,900] [--modes io,train]
         [--runs 3] [--files 6000] [--long-files 2000] [--only CONFIG,...] [--no-ceiling]
         [--work-dir /tmp/spokefs-train] [--max-seconds S] [--keep] [--spoke-arg=--flag=v]
-        [--results-file F] [--no-plots]
+        [--results-file F] [--no-plots] [--hub-source dir|bucket|both]
 
 Needs root (FUSE allow_other, drop_caches), /dev/fuse, fusermount3, torch, matplotlib for the
 plots; run it with the project's virtualenv Python from the repository root. Every process
@@ -114,11 +119,11 @@ SAMPLE_PERIOD_S = 0.5
 # num_workers=4 on 2 cores is the issue's choice (a training job's usual setting): no warning.
 warnings.filterwarnings("ignore", message="This DataLoader will create")
 CONFIGS = ("local", "spoke-cold", "spoke-warm", "spoke-remount", "spoke-replay", "ceiling",
-           "copy-first", "rclone")
+           "copy-first", "rclone", "bucket-cold")
 SPOKE_CONFIGS = ("spoke-cold", "spoke-warm", "spoke-remount", "spoke-replay")
 REPLAY_SEED_SHIFT = 7919  # --replay-reshuffle: the replayed run's other shuffle
 AFTER_BATCHES = 100  # issue 13: "the warm rate after the first 100 batches"
-LINK_CONFIGS = (*SPOKE_CONFIGS, "copy-first", "rclone")
+LINK_CONFIGS = (*SPOKE_CONFIGS, "copy-first", "rclone", "bucket-cold")
 MODES = ("io", "train")
 CEILING_READY = re.compile(r"^ceiling_fs: mounted (\d+) files")
 
@@ -163,6 +168,17 @@ GOALS = (
             "(worst mode)", "<=", 1.02),
     bl.Goal(ISSUE_GOALS[5], "replay_p99", "spoke-replay: p99 of reads that waited for the hub "
             "/ spoke-cold's (worst mode)", "<=", 2.0),
+)
+# Issue 15 (hub over object storage), graded when bucket-cold and spoke-cold both ran.
+BUCKET_GOALS = (
+    bl.Goal("A bucket export is as fast through the long link as a directory export: cold "
+            "samples/s ... >= 0.95 of the directory hub's in the same run",
+            "bucket_cold_ratio", "bucket-cold / spoke-cold, io: samples/s, same run", ">=", 0.95),
+    bl.Goal("link bytes <= 1.02 x the dataset", "bucket_cold_link",
+            "bucket-cold, io: link bytes / dataset byte", "<=", 1.02),
+    bl.Goal("Hub CPU per MB served from the bucket <= 2 x the directory hub's",
+            "bucket_hub_cpu", "bucket-cold / spoke-cold, io: hub CPU per MB, same run",
+            "<=", 2.0),
 )
 
 
@@ -560,6 +576,8 @@ def cpu_figures(ep: Epoch, watch: Watch, cpu: dict[str, Any]) -> dict[str, Any]:
                            "cpu_s": cpu["cpu_s"]}
     if watch.daemon and ep.samples:
         out["daemon_cpu_ms_per_sample"] = cpu["cpu_s"][watch.daemon[0]] * 1000 / ep.samples
+    if "hubd" in watch.others and ep.nbytes:
+        out["hub_cpu_ms_per_mb"] = cpu["cpu_s"]["hubd"] * 1000 / (ep.nbytes / 1e6)
     return out
 
 
@@ -573,6 +591,8 @@ class Servers:
     hub: bl.Hub
     ceiling: bl.Mount | None = None
     rclone_port: int | None = None
+    bucket_hub: bl.Hub | None = None
+    bucket_store_pid: int | None = None  # SeaweedFS, on this machine's cores too
 
 
 @dataclass
@@ -880,14 +900,114 @@ def servers(env: Env, ds: DataSet, rtt: int) -> Iterator[Servers]:
         if env.want("rclone"):
             _, srv.rclone_port = stack.enter_context(
                 bl.rclone_serve(ds.root, env.run_dir / f"rclone-serve-{rtt}.log", env.deadline))
+        if env.want("bucket-cold"):
+            srv.bucket_hub, srv.bucket_store_pid = stack.enter_context(bucket_hub(env, ds, rtt))
         yield srv
     if srv.ceiling is not None:
         check_unmount(env, srv.ceiling, f"ceiling_fs ({rtt} ms)")
 
 
+# -- bucket-cold: hubd exporting the dataset from a bucket on SeaweedFS ------------------------
+
+
+@contextlib.contextmanager
+def bucket_hub(env: Env, ds: DataSet, rtt: int) -> Iterator[tuple[bl.Hub, int]]:
+    """A SeaweedFS holding the dataset in a bucket (uploaded once) and ``hubd serve
+    s3://BUCKET`` on it: (the hub, SeaweedFS's pid); both stopped at the end."""
+    from tests.helpers.seaweed import ACCESS_KEY, SECRET_KEY, SeaweedServer
+
+    server = SeaweedServer(env.run_dir / f"weed-{rtt}", env.run_dir / f"weed-logs-{rtt}")
+    try:
+        server.start()
+        t0 = time.perf_counter()
+        upload_dataset(server, ds, BUCKET)
+        print(f"uploaded {ds.describe()} to s3://{BUCKET} in "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
+        os.environ |= {"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
+        with bl.run_hub(f"s3://{BUCKET}", env.run_dir / f"hubd-bucket-{rtt}.log",
+                        env.deadline, ["--s3-endpoint", server.endpoint,
+                                       "--rescan-interval", "0", *env.args.hub_arg]) as hub:
+            assert server.proc is not None
+            yield hub, server.proc.pid
+    finally:
+        server.stop()
+
+
+BUCKET = "train"
+
+
+def upload_dataset(server: Any, ds: DataSet, bucket: str) -> None:
+    """Every file of ``ds`` as an object of ``bucket`` under the same relative key."""
+    writer = server.writer()
+    writer.create_bucket(Bucket=bucket)
+
+    def put(rel: str) -> None:
+        writer.put_object(Bucket=bucket, Key=rel, Body=(ds.root / rel).read_bytes())
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, ds.rels))
+
+
+def run_bucket(env: Env, ctx: Ctx, srv: Servers) -> None:
+    """One cold epoch through a fresh spoke on the bucket hub, behind its own link."""
+    assert srv.bucket_hub is not None
+    cache = env.new_dir(f"cache-bucket-{ctx.rtt}-{ctx.mode}-{ctx.run}-")
+    tag = f"{ctx.rtt}ms-{ctx.mode}-run{ctx.run + 1}-bucket"
+    try:
+        with bl.open_link(srv.bucket_hub.port, ctx.spec) as link, \
+                _spoke(env, f"http://127.0.0.1:{link.port}", cache, tag) as m:
+            assert link.proc is not None
+            others = {"hubd": srv.bucket_hub.proc.pid, "longlink": link.proc.pid}
+            if srv.bucket_store_pid is not None:
+                others["seaweedfs"] = srv.bucket_store_pid
+            rec = measure(env, ctx, "bucket-cold", m.path,
+                          Watch(link, m.metrics_url, ("spokefs", m.pid), others))
+            if "seaweedfs" in rec["cpu_s"] and rec["bytes"]:
+                rec["store_cpu_ms_per_mb"] = 1000 * rec["cpu_s"]["seaweedfs"] / (rec["bytes"] / 1e6)
+            m.stuck |= rec["stuck_reader"]
+            report(env, rec)
+            if "store_cpu_ms_per_mb" in rec:
+                print(f"    bucket-cold: hub CPU {rec.get('hub_cpu_ms_per_mb') or 0:.2f} ms/MB, "
+                      f"SeaweedFS CPU {rec['store_cpu_ms_per_mb']:.2f} ms/MB (same cores)",
+                      flush=True)
+    finally:
+        if not env.args.keep:
+            shutil.rmtree(cache, ignore_errors=True)
+
+
+def hub_cpu_ms_per_mb(rec: dict[str, Any]) -> float | None:
+    """The hub's CPU (utime + stime) over the epoch per MB the loader read."""
+    cpu = rec.get("cpu_s", {}).get("hubd")
+    return 1000 * cpu / (rec["bytes"] / 1e6) if cpu is not None and rec["bytes"] else None
+
+
+def bucket_pairs(env: Env, rtt: int, key: Callable[[dict[str, Any]], float | None]) -> bl.Figure:
+    """bucket-cold's ``key`` over spoke-cold's, of the same RTT, run and mode io."""
+    fig = bl.Figure()
+    cold = {r["run"]: r for r in env.records
+            if (r["rtt_ms"], r["mode"], r["config"]) == (rtt, "io", "spoke-cold")}
+    for r in env.records:
+        d = cold.get(r["run"])
+        if (r["rtt_ms"], r["mode"], r["config"]) == (rtt, "io", "bucket-cold") and d:
+            num, den = key(r), key(d)
+            fig.add(num / den if num is not None and den else None)
+    return fig
+
+
+def bucket_goal_value(env: Env, goal: bl.Goal, rtt: int) -> tuple[float | None, str]:
+    """Issue 15's goals: medians over runs of the same-run ratios (or of bucket-cold's)."""
+    if goal.key == "bucket_cold_link":
+        return figure(env, rtt, "io", "bucket-cold", "link_per_byte").median(), ""
+    if goal.key == "bucket_cold_ratio":
+        fig = bucket_pairs(env, rtt, lambda r: r["samples_per_s"])
+    else:
+        fig = bucket_pairs(env, rtt, hub_cpu_ms_per_mb)
+    return fig.median(), f"runs {fig.text('{:.2f}')}" if fig.samples else ""
+
+
 RUNNERS: tuple[tuple[str, Callable[[Env, Ctx, Servers], None]], ...] = (
     ("spoke", run_spoke), ("ceiling", run_ceiling), ("copy-first", run_copy_first),
-    ("rclone", run_rclone),
+    ("rclone", run_rclone), ("bucket-cold", run_bucket),
 )
 
 
@@ -956,6 +1076,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (  # (heading, record key, format)
     ("miss read p99 ms", "miss_p99_ms", "{:.0f}"),
     ("x cold p99", "p99_over_cold", "{:.2f}"),
     ("daemon CPU ms/sample", "daemon_cpu_ms_per_sample", "{:.2f}"),
+    ("hub CPU ms/MB", "hub_cpu_ms_per_mb", "{:.2f}"),
     ("machine CPU % of all cores", "machine_busy_pct", "{:.0f}"),
     ("mismatches", "mismatches", "{:.0f}"),
 )
@@ -989,6 +1110,8 @@ def goal_value(env: Env, goal: bl.Goal, rtt: int) -> tuple[float | None, str]:
     def med(mode: str, config: str, key: str) -> float | None:
         return figure(env, rtt, mode, config, key).median()
 
+    if goal in BUCKET_GOALS:
+        return bucket_goal_value(env, goal, rtt)
     if goal.key == "cold_io_bound":
         return med("io", "spoke-cold", "frac_bound"), ""
     if goal.key == "cold_io_link":
@@ -1133,6 +1256,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spoke-arg", action="append", default=[], help="extra spokefs mount arg")
     p.add_argument("--hub-arg", action="append", default=[], help="extra hubd serve arg")
     p.add_argument("--rclone-arg", action="append", default=[], help="extra rclone mount arg")
+    p.add_argument("--hub-source", choices=("dir", "bucket", "both"), default="dir",
+                   help="what hubd exports to the spokes: the dataset's directory (dir), a "
+                   "bucket on SeaweedFS holding it (bucket: bucket-cold instead of spoke-*), "
+                   "or both side by side (both: bucket-cold next to spoke-cold)")
     p.add_argument("--results-file", type=Path, default=RESULTS, help="JSON line appended here")
     p.add_argument("--plots-dir", type=Path, default=HERE / "results")
     p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=None,
@@ -1169,6 +1296,17 @@ def apply_presets(args: argparse.Namespace, p: argparse.ArgumentParser,
         p.error(f"unknown configuration or mode: {sorted(bad)}")
     if not args.ceiling and "ceiling" in args.only:
         args.only.remove("ceiling")
+    apply_hub_source(args)
+
+
+def apply_hub_source(args: argparse.Namespace) -> None:
+    """--hub-source: bucket-cold runs only when asked (both, bucket); bucket drops spoke-*."""
+    if args.hub_source == "dir":
+        args.only = [c for c in args.only if c != "bucket-cold"]
+    elif "bucket-cold" not in args.only:
+        args.only.append("bucket-cold")
+    if args.hub_source == "bucket":
+        args.only = [c for c in args.only if c not in SPOKE_CONFIGS]
 
 
 def preflight(env: Env) -> None:
@@ -1198,7 +1336,8 @@ def summarise(env: Env, head: dict[str, Any], error: str | None,
     for t in tables.values():
         print("\n" + t, flush=True)
     measured = sorted({r["rtt_ms"] for r in env.records})
-    grades = bl.grade(GOALS, measured, lambda g, rtt: goal_value(env, g, rtt))
+    goals = GOALS + (BUCKET_GOALS if "bucket-cold" in args.only else ())
+    grades = bl.grade(goals, measured, lambda g, rtt: goal_value(env, g, rtt))
     print("\nGoals (from the issue):\n" + "\n".join(f"- {g}" for g in ISSUE_GOALS), flush=True)
     print("\n" + bl.format_grades(grades), flush=True)
     plots = []

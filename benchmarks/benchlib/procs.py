@@ -198,7 +198,7 @@ class Hub:
 
 
 @contextlib.contextmanager
-def run_hub(root: Path, log_path: Path, deadline: Deadline,
+def run_hub(root: Path | str, log_path: Path, deadline: Deadline,
             extra_args: Sequence[str] = ()) -> Iterator[Hub]:
     """hubd serving root on a free loopback port; stopped with SIGTERM at the end."""
     argv = [sys.executable, "-m", "hubd", "serve", str(root), "--listen", "127.0.0.1:0",

@@ -32,11 +32,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from hubd.changes import Diff, History, diff
 from hubd.errors import Forbidden, ReadFailed, StaleVersion, UnknownFile
@@ -192,13 +193,36 @@ class BucketExport:
             UnknownFile: the object is gone. Forbidden: S3 denies the read.
             ReadFailed: S3 kept failing until the deadline, or answered nonsense.
         """
+        etag, key = self._object_of(snap, file_id, version)
+        with self._errors(file_id):
+            data = await self.client.get(self.bucket, key, etag, start, stop)
+        return data
+
+    async def read_streamed(self, snap: Snapshot, file_id: int, version: int, start: int,
+                            stop: int, chunk: int, deliver: Callable[[bytes], None]) -> None:
+        """Bytes ``[start, stop)`` as ``read``, handed to ``deliver`` in pieces of ``chunk``
+        bytes as they arrive (``S3Client.get_streamed``).
+
+        Raises:
+            as ``read``; the pieces delivered before the error are of the version asked for.
+        """
+        etag, key = self._object_of(snap, file_id, version)
+        with self._errors(file_id):
+            await self.client.get_streamed(self.bucket, key, etag, start, stop, chunk, deliver)
+
+    def _object_of(self, snap: Snapshot, file_id: int, version: int) -> tuple[str, str]:
+        """(ETag, key) of ``file_id`` if it is at ``version``, else ``StaleVersion``."""
         etag = self._etags.get(file_id)
         entry = snap.lookup(file_id)
         if etag is None or entry is None or object_version(etag, entry.size) != version:
             raise StaleVersion(f"file {file_id:016x} is not at version {version:016x}")
-        key = self.key_of(snap, file_id)
+        return etag, self.key_of(snap, file_id)
+
+    @contextlib.contextmanager
+    def _errors(self, file_id: int) -> Iterator[None]:
+        """The S3 client's errors as the hub's: stale, gone, forbidden, failed."""
         try:
-            return await self.client.get(self.bucket, key, etag, start, stop)
+            yield
         except ObjectChanged:
             self.on_stale()
             raise StaleVersion(f"file {file_id:016x} was replaced in the bucket") from None

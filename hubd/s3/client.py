@@ -18,6 +18,10 @@ Bodies are never decompressed (``auto_decompress=False``): an object stored with
 ``Content-Encoding: gzip`` is served as the bytes it holds. A range longer than
 ``part_bytes`` is fetched as parts in parallel (one S3 connection carries ~100 MB/s at
 best), each part with the same ``If-Match``, so the parts are of one version.
+``get_streamed`` hands a GET's body on in pieces as they arrive (the hub frames and sends
+the first MiB while the rest is still coming); a connection lost mid-body is retried from
+the first byte not yet handed on, with the same ``If-Match``, so the pieces are of one
+version too.
 
 State transitions are logged once ("unreachable" / "reachable again"), not every failure.
 """
@@ -29,8 +33,10 @@ import datetime
 import logging
 import random
 import xml.etree.ElementTree as ET
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TypeVar
 from urllib.parse import unquote_plus, urlsplit
 
 import aiohttp
@@ -50,6 +56,7 @@ from hubd.s3.errors import (
 from hubd.s3.sigv4 import EMPTY_SHA256, Credentials, host_header, sign, uri_encode
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -275,6 +282,63 @@ class S3Client:
             raise first_error(group_error) from None
         return b"".join(t.result() for t in tasks)
 
+    async def get_streamed(self, bucket: str, key: str, etag: str, start: int, stop: int,
+                           chunk: int, deliver: Callable[[bytes], None]) -> None:
+        """Bytes ``[start, stop)`` of the object at version ``etag``, handed to ``deliver``
+        in consecutive pieces cut at the multiples of ``chunk`` (object offsets: the first
+        and the last piece may be shorter), each as soon as it has arrived: one GET,
+        resumed after the last piece delivered if it breaks.
+
+        Raises:
+            as ``get``; the pieces delivered before the error are good.
+        """
+        what = f"GET s3://{bucket}/{key} bytes {start}-{stop - 1}"
+        pos = start
+
+        def advance(data: bytes) -> None:
+            nonlocal pos
+            pos += len(data)
+            self.stats.get_bytes += len(data)
+            deliver(data)
+
+        if stop > start:
+            await self._retrying(lambda: self._stream_attempt(
+                bucket, key, etag, pos, stop, chunk, advance, what), what)
+
+    async def _stream_attempt(self, bucket: str, key: str, etag: str, start: int, stop: int,
+                              chunk: int, deliver: Callable[[bytes], None], what: str) -> None:
+        assert self._session is not None
+        url = self.url(bucket, key)
+        headers = {"Range": f"bytes={start}-{stop - 1}", "If-Match": etag}
+        signed = sign("GET", url, headers, EMPTY_SHA256, self._creds, self.cfg.region,
+                      datetime.datetime.now(datetime.UTC))
+        self.stats.requests += 1
+        try:
+            async with self._session.request("GET", URL(url, encoded=True),
+                                             headers={"Host": host_header(url), **headers,
+                                                      **signed}) as resp:
+                if resp.status not in (200, 206):
+                    raise error_of(resp.status, await resp.read(), what)
+                answer_etag = resp.headers.get("ETag", "")
+                if answer_etag and answer_etag != etag:
+                    raise ObjectChanged(f"{what}: ETag {answer_etag}, not {etag}", resp.status)
+                skip = start if resp.status == 200 else 0  # the server ignored Range
+                if resp.content_length is not None and resp.content_length < stop - start + skip:
+                    raise BadS3Answer(f"{what}: {resp.content_length} bytes announced, not "
+                                      f"{stop - start}", resp.status)
+                self._note_reachable()
+                while skip:
+                    skip -= len(await resp.content.readexactly(min(skip, chunk)))
+                pos = start
+                while pos < stop:
+                    data = await resp.content.readexactly(min((pos // chunk + 1) * chunk,
+                                                              stop) - pos)
+                    pos += len(data)
+                    deliver(data)
+        except (aiohttp.ClientError, asyncio.IncompleteReadError, TimeoutError) as exc:
+            detail = str(exc) or type(exc).__name__
+            raise S3Unavailable(f"{what}: {detail}") from None
+
     async def _get_part(self, bucket: str, key: str, etag: str, start: int,
                         stop: int) -> bytes:
         what = f"GET s3://{bucket}/{key} bytes {start}-{stop - 1}"
@@ -293,6 +357,11 @@ class S3Client:
     async def _request(self, method: str, url: str, headers: dict[str, str],
                        ok: tuple[int, ...], what: str) -> tuple[int, str, bytes]:
         """Send with retries until an ``ok`` status or the deadline: (status, ETag, body)."""
+        return await self._retrying(lambda: self._attempt(method, url, headers, ok, what), what)
+
+    async def _retrying(self, attempt_once: Callable[[], Awaitable[_T]], what: str) -> _T:
+        """``attempt_once()`` again after each ``S3Unavailable``, with backoff and jitter,
+        until it succeeds or the deadline passes."""
         assert self._session is not None, "use S3Client in 'async with'"
         attempt = 0
         last: S3Error | None = None
@@ -300,7 +369,7 @@ class S3Client:
             async with asyncio.timeout(self.cfg.deadline_s):
                 while True:
                     try:
-                        return await self._attempt(method, url, headers, ok, what)
+                        return await attempt_once()
                     except S3Unavailable as exc:
                         last = exc
                         self._note_unreachable(exc)
@@ -332,10 +401,13 @@ class S3Client:
             raise S3Unavailable(f"{what}: {detail}") from None
         if status not in ok:
             raise error_of(status, body, what)
+        self._note_reachable()
+        return status, etag, body
+
+    def _note_reachable(self) -> None:
         if not self._reachable:
             self._reachable = True
             log.info("S3 endpoint %s reachable again", self._base)
-        return status, etag, body
 
     def _note_unreachable(self, exc: S3Error) -> None:
         if self._reachable:

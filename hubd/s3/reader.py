@@ -7,14 +7,21 @@ neither the routes nor the wire protocol know which backend serves them:
 
 - ``open_framed``: the version and the range are checked against the snapshot (its size,
   ``wire.framed_size``) before any byte is fetched, so a stale version is a clean 412.
-  The answer's file bytes are then fetched in GETs of ``_GET_SLICES`` slices (4 MiB), each
+  The answer's file bytes, from its first frame to its last (not the whole slices at its
+  edges: a spoke's 3.75 MiB range touches 4-5 slices, and their whole bytes were 1.27 x
+  what it asked for), are then fetched in GETs of up to ``_GET_SLICES`` slices (4 MiB), each
   with ``If-Match`` on the listed ETag, the next GET started while the current one's slices
-  are sent (at most two GETs' bytes per request in memory). ``read_piece`` frames one slice
-  as the bytes come: a 4 KiB frame, then its seeded xxh3 (``wire.frame_seed``), exactly as
+  are sent (at most two GETs' bytes per request in memory). Each GET's body is streamed:
+  a slice is ready as soon as its 1 MiB has arrived, so the first frames leave while the
+  rest of the GET is still coming (``S3Client.get_streamed``). ``read_piece`` frames one
+  slice: a 4 KiB frame, then its seeded xxh3 (``wire.frame_seed``), exactly as
   ``framed.FramedBlob`` does for a file on disk: no byte reaches a spoke without its sum.
 - ``read_pack``: ``framed.PackPlans`` finds the pack as for a directory, then every member
-  is fetched whole, at most ``_PACK_PARALLEL`` GETs at once; a member replaced or deleted
-  since the listing is answered ``PACK_GONE``, like a changed file on disk.
+  is fetched whole, up to ``_PACK_PARALLEL`` GETs of a pack queued at once on the client's
+  connection pool, whose queue is first come, first served: a pack asked for first is
+  complete first, instead of every pack in flight finishing late together; a member
+  replaced or deleted since the listing is answered ``PACK_GONE``, like a changed file on
+  disk.
 
 A replaced object after the answer started (a 412 on a later GET) ends the answer short,
 as a file changed on disk does: the spoke, which knows the length it asked for, refuses it.
@@ -40,9 +47,12 @@ from hubd.snapshot import Snapshot
 # One GET carries 4 slices (4 MiB of data): a spoke request (3.75 MiB) is one or two GETs,
 # and an epoch costs ~250,000 GETs per TB instead of a million with a GET per slice.
 _GET_SLICES = 4
-# Whole small files of one pack fetched at once: enough to hide S3's first-byte latency
-# (tens of ms per GET) without taking the whole connection pool from blob reads.
-_PACK_PARALLEL = 32
+# GETs of one pack's members queued at once: all of a pack of files of 16 KiB and up
+# (a pack holds at most 3.75 MiB). The pool (64 connections) bounds what runs; its queue is
+# FIFO, so packs complete in the order they were asked for. With 32 (before), 8 packs in
+# flight took turns and all finished late together: 0.61 of the directory hub's cold small
+# files/s at 60 ms (bench_s3_link, at ae36e9e).
+_PACK_PARALLEL = 256
 
 
 def frame_slice(data: bytes, file_id: int, version: int, first_frame: int) -> bytes:
@@ -77,29 +87,54 @@ class BucketBlob:
         self._first_slice = rng.start // wire.SLICE_BYTES
         last_slice = (rng.stop - 1) // wire.SLICE_BYTES if rng.stop > rng.start else -1
         self.pieces = last_slice - self._first_slice + 1
-        self._gets: dict[int, asyncio.Task[bytes]] = {}  # GET number -> its bytes
+        # the file bytes the answer's frames hold: [_data_start, _data_stop)
+        self._data_start = rng.start // wire.FRAME_BYTES * wire.FRAME_DATA_BYTES
+        self._data_stop = min(((rng.stop - 1) // wire.FRAME_BYTES + 1) * wire.FRAME_DATA_BYTES,
+                              size) if self.pieces else self._data_start
+        self._gets: dict[int, asyncio.Task[None]] = {}  # GET number -> its task
+        self._slices: dict[int, asyncio.Future[bytes]] = {}  # piece -> its file bytes
 
     def close(self) -> None:
         """Cancel the GETs still running (the answer ended early); the error of one that
         failed unawaited (a read ahead) is dropped: the answer has ended anyway."""
-        for task in self._gets.values():
-            if task.done():
-                if not task.cancelled():
-                    task.exception()  # retrieved: no "never retrieved" warning
+        for waiter in (*self._gets.values(), *self._slices.values()):
+            if waiter.done():
+                if not waiter.cancelled():
+                    waiter.exception()  # retrieved: no "never retrieved" warning
             else:
-                task.cancel()
+                waiter.cancel()
         self._gets.clear()
+        self._slices.clear()
 
-    def _get(self, n: int) -> asyncio.Task[bytes]:
-        """GET number ``n`` of this answer (started on first use)."""
-        task = self._gets.get(n)
-        if task is None:
-            first = self._first_slice + n * _GET_SLICES
-            start = first * wire.SLICE_DATA_BYTES
-            stop = min((first + _GET_SLICES) * wire.SLICE_DATA_BYTES, self._size)
-            task = self._gets[n] = asyncio.ensure_future(self._export.read(
-                self._snap, self._file_id, self._version, start, stop))
-        return task
+    def _get(self, n: int) -> None:
+        """Start GET number ``n`` of this answer (once): its slices' futures are set as
+        their bytes arrive, or all failed with its error."""
+        if n in self._gets:
+            return
+        first = self._first_slice + n * _GET_SLICES
+        start = max(first * wire.SLICE_DATA_BYTES, self._data_start)
+        stop = min((first + _GET_SLICES) * wire.SLICE_DATA_BYTES, self._data_stop)
+        loop = asyncio.get_running_loop()
+        pending = [self._slices.setdefault(i, loop.create_future())
+                   for i in range(n * _GET_SLICES, min((n + 1) * _GET_SLICES, self.pieces))]
+
+        def deliver(data: bytes) -> None:
+            waiter = pending.pop(0)
+            if not waiter.done():  # not cancelled by close()
+                waiter.set_result(data)
+
+        async def fetch() -> None:
+            try:
+                await self._export.read_streamed(self._snap, self._file_id, self._version,
+                                                 start, stop, wire.SLICE_DATA_BYTES, deliver)
+            except Exception as exc:  # handed to the pieces that wait for this GET
+                for waiter in pending:
+                    if not waiter.done():
+                        waiter.set_exception(exc)
+                        waiter.exception()  # the piece that awaits it raises it
+                pending.clear()
+
+        self._gets[n] = asyncio.ensure_future(fetch())
 
     async def piece(self, i: int) -> bytes:
         """The framed bytes of the answer in its ``i``-th slice.
@@ -107,17 +142,15 @@ class BucketBlob:
         Raises:
             StaleVersion, UnknownFile, Forbidden, ReadFailed: as ``BucketExport.read``.
         """
-        n, k = divmod(i, _GET_SLICES)
-        current = self._get(n)
+        n = i // _GET_SLICES
+        self._get(n)
         if (n + 1) * _GET_SLICES < self.pieces:
             self._get(n + 1)  # the next GET runs while this one's slices are sent
-        data = await current
-        if k == _GET_SLICES - 1 or i == self.pieces - 1:
-            self._gets.pop(n, None)  # its last slice: free its bytes
+        data = await self._slices.pop(i)  # its bytes are freed once framed
         s = self._first_slice + i
-        view = memoryview(data)[k * wire.SLICE_DATA_BYTES : (k + 1) * wire.SLICE_DATA_BYTES]
-        framed = frame_slice(bytes(view), self._file_id, self._version, s * wire.SLICE_FRAMES)
-        base = s * wire.SLICE_BYTES
+        frame = max(s * wire.SLICE_DATA_BYTES, self._data_start) // wire.FRAME_DATA_BYTES
+        framed = frame_slice(data, self._file_id, self._version, frame)
+        base = frame * wire.FRAME_BYTES
         lo = max(self.range.start - base, 0)
         hi = min(self.range.stop - base, len(framed))
         return framed if (lo, hi) == (0, len(framed)) else framed[lo:hi]

@@ -57,3 +57,26 @@ def test_train_smoke(tmp_path: Path) -> None:
     assert replay["replay"]["state"] == "done" and replay["replay"]["missing"] == 0, replay
     assert record["commit"] and record["kernel"], record
     assert isinstance(record["dirty"], bool), record
+
+
+def test_train_smoke_bucket(tmp_path: Path) -> None:
+    """``--hub-source bucket``: the dataset uploaded to a real SeaweedFS and read cold through
+    ``hubd serve s3://...`` (configuration bucket-cold), every sample matching its digest."""
+    pytest.importorskip("torch")
+    results = tmp_path / "train-smoke-bucket.jsonl"
+    cmd = [sys.executable, str(TRAIN), "--smoke", "--hub-source", "bucket", "--results-file",
+           str(results), "--work-dir", str(tmp_path / "work"), "--max-seconds", "120"]
+    done = subprocess.run(cmd, capture_output=True, text=True, errors="replace", cwd=REPO,
+                          env=child_env(), stdin=subprocess.DEVNULL, timeout=TIMEOUT_S,
+                          check=False)
+    output = f"stdout:\n{done.stdout[-4000:]}\nstderr:\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, output
+    record = json.loads(results.read_text().splitlines()[0])
+    assert record["error"] is None and record["problems"] == [], output
+    assert {e["config"] for e in record["epochs"]} == {"local", "bucket-cold"}, output
+    cold = next(e for e in record["epochs"] if e["config"] == "bucket-cold")
+    assert cold["samples"] == cold["planned"] == 60 and cold["mismatches"] == 0, cold
+    assert cold["link_bytes"] >= cold["bytes"] > 0, cold
+    assert cold["hub_cpu_ms_per_mb"] is not None and cold["store_cpu_ms_per_mb"] >= 0, cold
+    grades = {g["figure"]: g for g in record["goals"]}
+    assert grades["bucket-cold, io: link bytes / dataset byte"]["verdict"] == "PASS", grades

@@ -4,6 +4,10 @@
 127.0.0.1, and forwards every request unchanged (``Host`` and ``Authorization`` included, so
 SigV4 still verifies upstream) except the first ``fail_first`` ones, answered with
 ``fail_status`` and S3's ``SlowDown`` error body. ``seen`` counts the requests received.
+With ``cut_gets``, the first ``cut_gets`` ranged GETs answered 206 are cut: their headers
+(the full ``Content-Length`` included) and ``cut_after`` bytes of the body are sent, then
+the connection is dropped, as a broken connection mid-body does. ``ranges`` lists the
+``Range`` header of every ranged GET received.
 """
 
 from __future__ import annotations
@@ -30,8 +34,12 @@ class FaultProxy:
     """
 
     def __init__(self, upstream: str, fail_first: int = 0, fail_status: int = 503,
-                 deny_query: str | None = None) -> None:
+                 deny_query: str | None = None, cut_gets: int = 0,
+                 cut_after: int = 0) -> None:
         self.upstream = upstream
+        self.cut_gets = cut_gets
+        self.cut_after = cut_after
+        self.ranges: list[str] = []
         self.fail_first = fail_first
         self.fail_status = fail_status
         self.deny_query = deny_query
@@ -72,8 +80,24 @@ class FaultProxy:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS}
         body = await request.read()
         url = URL(self.upstream + request.raw_path, encoded=True)
+        if "Range" in request.headers:
+            self.ranges.append(request.headers["Range"])
         async with self._session.request(request.method, url, headers=headers,
                                          data=body or None) as resp:
             data = await resp.read()
             out = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
+            if resp.status == 206 and self.cut_gets > 0:
+                self.cut_gets -= 1
+                return await self._cut(request, resp.status, out, data)
             return web.Response(status=resp.status, body=data, headers=out)
+
+    async def _cut(self, request: web.Request, status: int, headers: dict[str, str],
+                   data: bytes) -> web.StreamResponse:
+        """Announce all of ``data``, send ``cut_after`` bytes of it, drop the connection."""
+        cut = web.StreamResponse(status=status, headers=headers)
+        cut.content_length = len(data)
+        await cut.prepare(request)
+        await cut.write(data[: self.cut_after])
+        assert request.transport is not None
+        request.transport.abort()
+        return cut

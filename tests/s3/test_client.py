@@ -229,6 +229,59 @@ def test_slowdown_is_retried(seaweed: SeaweedServer, bucket: str,
     assert sum("reachable again" in m for m in messages) == 1
 
 
+def test_streamed_get_resumes_after_a_broken_body(seaweed: SeaweedServer,
+                                                  bucket: str) -> None:
+    """A GET cut after 2.5 MiB: the two pieces before are delivered (cut at the object's
+    MiB boundaries), then one new GET for the rest from the first byte not delivered; the
+    pieces are the object's bytes, in order."""
+    mib = 1024 * 1024
+    data = random.Random(11).randbytes(5 * mib + 77)
+    seaweed.writer().put_object(Bucket=bucket, Key="cut.bin", Body=data)
+
+    async def main() -> tuple[list[bytes], list[str], int]:
+        pieces: list[bytes] = []
+        async with FaultProxy(seaweed.endpoint, cut_gets=1, cut_after=5 * mib // 2) as proxy, \
+                S3Client(S3Config(proxy.endpoint), CREDS) as client:
+            [obj] = await list_all(client, bucket)
+            await client.get_streamed(bucket, "cut.bin", obj.etag, 100, len(data), mib,
+                                      pieces.append)
+            return pieces, proxy.ranges, client.stats.retries
+
+    pieces, ranges, retries = asyncio.run(main())
+    assert b"".join(pieces) == data[100:]
+    assert [len(p) for p in pieces] == [mib - 100] + [mib] * 4 + [77]
+    assert ranges == [f"bytes=100-{len(data) - 1}", f"bytes={2 * mib}-{len(data) - 1}"]
+    assert retries == 1
+
+
+def test_streamed_get_of_a_replaced_object_is_never_mixed(seaweed: SeaweedServer,
+                                                         bucket: str) -> None:
+    """The object replaced while its GET was cut: the resumed GET is a 412, so only the
+    old version's first pieces were delivered, never a byte of the new one."""
+    mib = 1024 * 1024
+    old = random.Random(12).randbytes(3 * mib)
+    writer = seaweed.writer()
+    writer.put_object(Bucket=bucket, Key="swap.bin", Body=old)
+
+    async def main() -> list[bytes]:
+        pieces: list[bytes] = []
+        async with FaultProxy(seaweed.endpoint, cut_gets=1, cut_after=mib + 10) as proxy, \
+                S3Client(S3Config(proxy.endpoint), CREDS) as client:
+            [obj] = await list_all(client, bucket)
+
+            def deliver(piece: bytes) -> None:
+                pieces.append(piece)
+                if len(pieces) == 1:  # before the retry: a new version of the object
+                    writer.put_object(Bucket=bucket, Key="swap.bin", Body=b"n" * (3 * mib))
+
+            with pytest.raises(ObjectChanged, match="412"):
+                await client.get_streamed(bucket, "swap.bin", obj.etag, 0, len(old), mib,
+                                          deliver)
+        return pieces
+
+    assert asyncio.run(main()) == [old[:mib]]
+
+
 def test_slowdown_past_the_deadline(seaweed: SeaweedServer, bucket: str) -> None:
     async def main() -> None:
         async with FaultProxy(seaweed.endpoint, fail_first=10**6) as proxy, \

@@ -4,6 +4,7 @@ spoken to over HTTP as a spoke would (snapshot, blobs, packs, changes, errors)."
 from __future__ import annotations
 
 import http.client
+import random
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -228,3 +229,29 @@ def test_server_down_then_back(own_seaweed: SeaweedServer, tmp_path: Path, s3_en
         assert "Traceback" not in err
     finally:
         assert hub.stop() == 0, hub.stderr()
+
+
+def test_framed_ranges_across_slices_and_gets(seaweed: SeaweedServer, bucket: str,
+                                              start_bucket_hub: Callable[..., Hub]) -> None:
+    """Ranges of a 9 MiB object (several slices, three GETs of the hub): each answer is the
+    exact slice of the framed object, whether it starts and ends on a frame, a slice or a
+    GET boundary or inside one; spoke-like 3.75 MiB ranges read it back whole."""
+    data = random.Random(21).randbytes(9 * 1024 * 1024 + 1234)
+    put(seaweed, bucket, {"big/obj.bin": data})
+    hub = start_bucket_hub(f"s3://{bucket}")
+    _, tree = tree_of(hub)
+    entry = tree[b"big/obj.bin"]
+    whole = framed(data, entry.file_id, entry.version)
+    slice_, frame = wire.SLICE_BYTES, wire.FRAME_BYTES
+    cuts = [(0, 1), (frame - 1, frame + 1), (slice_ - 5, slice_ + 5), (slice_, 4 * slice_),
+            (3 * slice_ + 7, 5 * slice_ - 7), (4 * slice_ - 1, 8 * slice_ + 1),
+            (len(whole) - 3, len(whole))]
+    rng = random.Random(22)
+    cuts += [(a, min(a + rng.randrange(1, 6 * slice_), len(whole)))
+             for a in (rng.randrange(len(whole)) for _ in range(12))]
+    for a, b in cuts:
+        assert blob(hub, entry, f"bytes={a}-{b - 1}") == (206, whole[a:b]), (a, b)
+    step = wire.framed_size(3_932_160)  # 3.75 MiB of data: ranges off the slice grid
+    got = b"".join(blob(hub, entry, f"bytes={a}-{min(a + step, len(whole)) - 1}")[1]
+                   for a in range(0, len(whole), step))
+    assert got == whole
