@@ -221,6 +221,9 @@ class Prefetcher:
             try:
                 row = await self._lister.next_file(stream.parent_id, stream.fv.file_id,
                                                    self._cfg.small_file_bytes + 1)
+            except SpokeError as exc:  # e.g. the directory went away in a refresh
+                log.debug("no next file after %x: %s", stream.fv.file_id, exc)
+                continue
             finally:
                 stream.seeking = False
             if row is None or stream.epoch != epoch or stream.successor is not None:
