@@ -487,30 +487,16 @@ class Namespace:
 
         Blocking for a large directory: callers run it in a thread.
         """
-        return [(fid, version, size) for fid, mode, size, version in self._children(dir_id)
+        return [(fid, version, size) for fid, mode, size, version, _ in self._children(dir_id)
                 if mode & 0o170000 == stat.S_IFREG]
 
     def dir_files_named(self, dir_id: int) -> list[tuple[bytes, int, int, int]]:
         """``(name, file_id, version, size)`` of the regular files in a directory: what
         ``wire.plan_packs`` takes. Blocking for a large directory: callers run it in a
         thread."""
-        prefix = _ID.pack(dir_id)
-        unpack_attr = _ATTR.unpack_from
-        out = []
-        with self._env.begin() as txn:
-            cur = txn.cursor(db=self._dpos)
-            if not cur.set_range(prefix):
-                return out
-            get, attr_db = txn.get, self._attr
-            for key, value in cur:
-                if key[:8] != prefix:
-                    break
-                raw = get(value[:8], db=attr_db)
-                if raw is not None:
-                    mode, size, _, _, version, _ = unpack_attr(raw)
-                    if mode & 0o170000 == stat.S_IFREG:
-                        out.append((bytes(value[8:]), _ID.unpack_from(value)[0], version, size))
-        return out
+        return [(name, fid, version, size)
+                for fid, mode, size, version, name in self._children(dir_id)
+                if mode & 0o170000 == stat.S_IFREG]
 
     def next_file(self, dir_id: int, file_id: int, min_size: int) -> tuple[int, int, int] | None:
         """``(file_id, version, size)`` of the first regular file of at least ``min_size``
@@ -544,7 +530,7 @@ class Namespace:
     def subdirs(self, dir_id: int) -> list[int]:
         """Ids of the subdirectories of a directory (by file id). Blocking for a large
         directory: callers run it in a thread."""
-        return [fid for fid, mode, _, _ in self._children(dir_id)
+        return [fid for fid, mode, _, _, _ in self._children(dir_id)
                 if mode & 0o170000 == stat.S_IFDIR]
 
     def parent_of(self, dir_id: int) -> int:
@@ -565,9 +551,9 @@ class Namespace:
             return 0, []
         return parent, [d for d in self.subdirs(parent) if d != dir_id]
 
-    def _children(self, dir_id: int) -> list[tuple[int, int, int, int]]:
-        """``(file_id, mode, size, version)`` of every entry of a directory, in position
-        order; one read transaction, no object per entry but the tuple."""
+    def _children(self, dir_id: int) -> list[tuple[int, int, int, int, bytes]]:
+        """``(file_id, mode, size, version, name)`` of every entry of a directory, in
+        position order; one read transaction, no object per entry but the tuple."""
         prefix = _ID.pack(dir_id)
         unpack_attr = _ATTR.unpack_from
         out = []
@@ -582,7 +568,8 @@ class Namespace:
                 raw = get(value[:8], db=attr_db)
                 if raw is not None:
                     mode, size, _, _, version, _ = unpack_attr(raw)
-                    out.append((_ID.unpack_from(value)[0], mode, size, version))
+                    out.append((_ID.unpack_from(value)[0], mode, size, version,
+                                bytes(value[8:])))
         return out
 
     def _decode(self, fid: int, raw: bytes) -> Attr:
