@@ -36,7 +36,6 @@ import random
 import resource
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -84,11 +83,7 @@ def make_dataset(root: Path, args: argparse.Namespace) -> dict[str, bytes]:
 
 
 def upload(server: SeaweedServer, files: dict[str, bytes]) -> None:
-    writer = server.writer()
-    writer.create_bucket(Bucket=BUCKET)
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda kv: writer.put_object(Bucket=BUCKET, Key=kv[0], Body=kv[1]),
-                      files.items()))
+    server.put_objects(BUCKET, files, create=True, workers=16)
 
 
 def start_hub(root: str, log: Path, *args: str) -> tuple[bl.Proc, str]:

@@ -24,6 +24,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,17 @@ class SeaweedServer:
         if self.proc is None:
             return None
         return _terminate(self.proc)
+
+    def put_objects(self, bucket: str, objects: dict[str, bytes], *,
+                    create: bool = False, workers: int = 8) -> None:
+        """Upload ``objects`` (key -> bytes) into ``bucket`` over ``workers`` threads,
+        creating the bucket first with ``create``."""
+        writer = self.writer()
+        if create:
+            writer.create_bucket(Bucket=bucket)
+        with ThreadPoolExecutor(workers) as pool:
+            list(pool.map(lambda kv: writer.put_object(Bucket=bucket, Key=kv[0], Body=kv[1]),
+                          objects.items()))
 
     def writer(self, secret: str = SECRET_KEY) -> Any:
         """A botocore S3 client with the server's keys (path-style)."""

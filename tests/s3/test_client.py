@@ -10,7 +10,6 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import pytest
@@ -52,10 +51,7 @@ async def list_all(client: S3Client, bucket: str, prefix: str = "") -> list[Obje
 
 
 def put_many(server: SeaweedServer, bucket: str, items: dict[str, bytes]) -> None:
-    writer = server.writer()
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda kv: writer.put_object(Bucket=bucket, Key=kv[0], Body=kv[1]),
-                      items.items()))
+    server.put_objects(bucket, items)
 
 
 def test_pagination_over_1000_keys(seaweed: SeaweedServer, bucket: str) -> None:
