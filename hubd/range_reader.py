@@ -24,7 +24,7 @@ import contextlib
 import logging
 import os
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -35,7 +35,6 @@ from hubd import wire
 from hubd.errors import (
     BadRange,
     MultipleRanges,
-    Overloaded,
     RangeNotSatisfiable,
     ReadFailed,
     StaleVersion,
@@ -43,6 +42,7 @@ from hubd.errors import (
 )
 from hubd.export_root import ExportRoot, version_of
 from hubd.framed import FramedBlob, FramedRange, PackPlans, pread_exact
+from hubd.read_slots import ReadSlots
 from hubd.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
@@ -134,37 +134,25 @@ def resolve_range(spec: RangeSpec | None, total: int) -> FramedRange:
 
 
 class RangeReader:
-    """Reads ranges of file versions from an ``ExportRoot`` in a bounded executor.
-
-    Attributes:
-        in_flight: requests holding a read slot right now.
-    """
+    """Reads ranges of file versions from an ``ExportRoot`` in a bounded executor."""
 
     def __init__(self, export: ExportRoot, max_concurrent: int, wait_s: float) -> None:
         self._export = export
-        self._wait_s = wait_s
-        self._slots = asyncio.Semaphore(max_concurrent)
+        self._slots = ReadSlots(max_concurrent, wait_s)
         self._executor = ThreadPoolExecutor(max_concurrent, thread_name_prefix="hubd-read")
         self._plans = PackPlans()
-        self.in_flight = 0
 
     def close(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
+    def slot(self) -> contextlib.AbstractAsyncContextManager[None]:
         """Hold one read slot (until the answer is written out, to bound memory)."""
-        try:
-            async with asyncio.timeout(self._wait_s):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise Overloaded(f"no read slot free within {self._wait_s:g} s") from None
-        self.in_flight += 1
-        try:
-            yield
-        finally:
-            self.in_flight -= 1
-            self._slots.release()
+        return self._slots.hold()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests holding a read slot right now."""
+        return self._slots.in_flight
 
     async def open_framed(self, file_id: int, version: int,
                           spec: RangeSpec | None) -> FramedBlob:

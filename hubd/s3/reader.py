@@ -32,14 +32,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import stat
-from collections.abc import AsyncIterator
 
 import xxhash
 
 from hubd import wire
-from hubd.errors import Overloaded, StaleVersion, UnknownFile
+from hubd.errors import StaleVersion, UnknownFile
 from hubd.framed import FramedRange, PackPlans
 from hubd.range_reader import Pack, RangeSpec, resolve_range
+from hubd.read_slots import ReadSlots
 from hubd.s3.bucket import BucketExport
 from hubd.s3.errors import first_error
 from hubd.snapshot import Snapshot
@@ -157,36 +157,24 @@ class BucketBlob:
 
 
 class BucketReader:
-    """Reads framed ranges and packs of a ``BucketExport``'s current snapshot.
-
-    Attributes:
-        in_flight: requests holding a read slot right now.
-    """
+    """Reads framed ranges and packs of a ``BucketExport``'s current snapshot."""
 
     def __init__(self, export: BucketExport, max_concurrent: int, wait_s: float) -> None:
         self._export = export
-        self._wait_s = wait_s
-        self._slots = asyncio.Semaphore(max_concurrent)
+        self._slots = ReadSlots(max_concurrent, wait_s)
         self._plans = PackPlans()
-        self.in_flight = 0
 
     def close(self) -> None:
         """Nothing to release: the S3 client belongs to the server."""
 
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
+    def slot(self) -> contextlib.AbstractAsyncContextManager[None]:
         """Hold one read slot (until the answer is written out, to bound memory)."""
-        try:
-            async with asyncio.timeout(self._wait_s):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise Overloaded(f"no read slot free within {self._wait_s:g} s") from None
-        self.in_flight += 1
-        try:
-            yield
-        finally:
-            self.in_flight -= 1
-            self._slots.release()
+        return self._slots.hold()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests holding a read slot right now."""
+        return self._slots.in_flight
 
     def _current(self) -> Snapshot:
         snap = self._export.snapshot
