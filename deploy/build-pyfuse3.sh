@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
-# Build and install pyfuse3 with one change for spokefs: a read of a file that the kernel
-# opened without asking the filesystem (FUSE "no_open": the open handler answered ENOSYS)
-# reaches the read handler with the inode instead of file handle 0. Stock pyfuse3 passes only
-# the handle, so a filesystem cannot use no_open at all; with it, a file costs lookup + reads
-# instead of lookup + open + reads + release (spokefs/fuse_ops.py, "Kernel opens").
+# Build and install pyfuse3 with two changes for spokefs, applied to the pinned sdist and
+# checked to apply exactly once:
 #
-# The change is two lines of the Cython source (handlers.pxi's fuse_read, and a marker that
-# spokefs checks at mount), applied to the pinned sdist and checked to apply exactly once.
+# 1. Reads name the inode. A read of a file that the kernel opened without asking the
+#    filesystem (FUSE "no_open": the open handler answered ENOSYS) reaches the read handler
+#    with the inode instead of file handle 0. Stock pyfuse3 passes only the handle, so a
+#    filesystem cannot use no_open at all; with it, a file costs lookup + reads instead of
+#    lookup + open + reads + release (spokefs/fuse_ops.py, "Kernel opens"). Marker:
+#    pyfuse3.SPOKEFS_READ_INODE.
+# 2. Plain readdir. Stock pyfuse3 answers every listing with READDIRPLUS, so the kernel builds
+#    an inode and a dentry for every entry listed: `find` over a million entries spends ~85 %
+#    of its time (~9 s here, `perf`) allocating them, and keeps ~1 GB of kernel memory. With
+#    this change, an Operations class whose `readdirplus` attribute is False gets FUSE_READDIR
+#    (names, inode numbers and types only; a stat of an entry is one LOOKUP), through the same
+#    `readdir` handler and `readdir_reply`. And like reads, listings of a directory the kernel
+#    opened without asking (FUSE "no_opendir": opendir answered ENOSYS) get the inode as their
+#    handle, so a directory costs lookup + readdirs instead of lookup + opendir + readdirs +
+#    releasedir. Marker: pyfuse3.SPOKEFS_PLAIN_READDIR.
+#
 # Needs gcc, pkg-config and libfuse3-dev (deploy/setup.sh installs them).
 # Usage: bash deploy/build-pyfuse3.sh PYTHON [--wheel-dir DIR]
 #   (with --wheel-dir: build the wheel into DIR instead of installing it, for images)
@@ -32,14 +43,56 @@ if text.count(head) != 1 or at - start > 400:
     sys.exit("build-pyfuse3: fuse_read is not where this patch expects it")
 new = "    c.fh = fi.fh if fi.fh else ino  # spokefs: no_open reads carry the inode\n"
 handlers.write_text(text[:at] + new + text[at + len(old):])
+
+
+def replace_once(path, old, new):
+    text = path.read_text()
+    if text.count(old) != 1:
+        sys.exit(f"build-pyfuse3: {path.name} is not what this patch expects ({old[:50]!r})")
+    path.write_text(text.replace(old, new))
+
+# 2. plain readdir: a flag on the token, a FUSE_READDIR handler, and READDIRPLUS turned off
+#    at init when the operations ask for it; and, as for reads, a listing of a directory the
+#    kernel opened without asking (opendir answered ENOSYS) names the inode as its handle.
+replace_once(handlers, "cdef class ReaddirToken:\n    cdef fuse_req_t req\n",
+             "cdef class ReaddirToken:\n    cdef fuse_req_t req\n    cdef int plain\n")
+replace_once(handlers, "    conn.want &= ~(<unsigned> FUSE_CAP_READDIRPLUS_AUTO)\n",
+             "    conn.want &= ~(<unsigned> FUSE_CAP_READDIRPLUS_AUTO)\n"
+             "    if not getattr(operations, 'readdirplus', True):  # spokefs: plain readdir\n"
+             "        conn.want &= ~(<unsigned> FUSE_CAP_READDIRPLUS)\n")
+replace_once(handlers, "    c.fh = fi.fh\n    save_retval(fuse_readdirplus_async(c))\n",
+             "    c.fh = fi.fh if fi.fh else ino\n    c.flags = 0\n    save_retval(fuse_readdirplus_async(c))\n\n"
+             "cdef void fuse_readdir (fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,\n"
+             "                        fuse_file_info *fi):\n"
+             "    global py_retval\n"
+             "    cdef _Container c = _Container()\n"
+             "    c.req = req\n    c.size = size\n    c.off = off\n    c.fh = fi.fh if fi.fh else ino\n"
+             "    c.flags = 1  # spokefs: plain readdir\n"
+             "    save_retval(fuse_readdirplus_async(c))\n")
+replace_once(handlers, "    token.req = c.req\n\n    try:\n        await operations.readdir(",
+             "    token.req = c.req\n    token.plain = c.flags\n\n    try:\n        await operations.readdir(")
+internal = src / "internal.pxi"
+replace_once(internal, "    fuse_ops.readdirplus = fuse_readdirplus\n",
+             "    fuse_ops.readdirplus = fuse_readdirplus\n    fuse_ops.readdir = fuse_readdir\n")
 init = src / "__init__.pyx"
-init.write_text(init.read_text() + "\n# spokefs: read() gets the inode when the kernel opened without us\nSPOKEFS_READ_INODE = True\n")
+replace_once(init, "    len_ = fuse_add_direntry_plus(token.req, token.buf, token.size,\n"
+                   "                                  cname, &attr.fuse_param, next_id)\n",
+             "    if token.plain:  # spokefs: names, inode numbers and types only\n"
+             "        len_ = fuse_add_direntry(token.req, token.buf, token.size,\n"
+             "                                 cname, &attr.fuse_param.attr, next_id)\n"
+             "    else:\n"
+             "        len_ = fuse_add_direntry_plus(token.req, token.buf, token.size,\n"
+             "                                      cname, &attr.fuse_param, next_id)\n")
+init.write_text(init.read_text()
+                + "\n# spokefs: read() gets the inode when the kernel opened without us\nSPOKEFS_READ_INODE = True\n"
+                + "# spokefs: Operations.readdirplus = False answers listings with plain FUSE_READDIR\n"
+                + "SPOKEFS_PLAIN_READDIR = True\n")
 PATCH
-export SETUPTOOLS_SCM_PRETEND_VERSION_FOR_PYFUSE3="$version+spokefs.inoread"
+export SETUPTOOLS_SCM_PRETEND_VERSION_FOR_PYFUSE3="$version+spokefs.2"
 if [ -n "$wheel_dir" ]; then
   "$py" -m pip wheel -q --no-deps --wheel-dir "$wheel_dir" "$work/pyfuse3-$version"
-  echo "build-pyfuse3: wheel of pyfuse3 $version+spokefs.inoread in $wheel_dir"
+  echo "build-pyfuse3: wheel of pyfuse3 $version+spokefs.2 in $wheel_dir"
   exit 0
 fi
 "$py" -m pip install -q --no-deps --force-reinstall "$work/pyfuse3-$version"
-"$py" -c 'import pyfuse3; assert pyfuse3.SPOKEFS_READ_INODE; print("build-pyfuse3: installed pyfuse3", pyfuse3.__version__)'
+"$py" -c 'import pyfuse3; assert pyfuse3.SPOKEFS_READ_INODE and pyfuse3.SPOKEFS_PLAIN_READDIR; print("build-pyfuse3: installed pyfuse3", pyfuse3.__version__)'

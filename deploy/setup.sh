@@ -37,8 +37,9 @@ if [ "$want_test" = 1 ]; then
 else
   .venv/bin/pip install -q -e ".[spoke,hub]"
 fi
-# pyfuse3 with reads that name the inode, so the mount can let the kernel open files itself
-# (two FUSE requests fewer per file); see deploy/build-pyfuse3.sh
-.venv/bin/python -c 'import pyfuse3, sys; sys.exit(not getattr(pyfuse3, "SPOKEFS_READ_INODE", 0))' \
+# pyfuse3 with reads that name the inode (the kernel opens files itself: two FUSE requests
+# fewer per file) and plain readdir (no kernel inode per listed entry); see
+# deploy/build-pyfuse3.sh
+.venv/bin/python -c 'import pyfuse3, sys; sys.exit(not getattr(pyfuse3, "SPOKEFS_PLAIN_READDIR", 0))' \
   || bash deploy/build-pyfuse3.sh .venv/bin/python
 echo "setup: ready ($(.venv/bin/python --version), $(fusermount3 --version 2>&1 | head -1))"

@@ -28,6 +28,9 @@ from spokefs.types import FileVersion
 log = logging.getLogger(__name__)
 
 _NAME_MAX = 255
+# The patched pyfuse3 (deploy/build-pyfuse3.sh) answers listings with plain READDIR when
+# asked and names the inode in listings of a directory the kernel opened without us.
+_LISTINGS_NAME_INODE = bool(getattr(pyfuse3, "SPOKEFS_PLAIN_READDIR", False))
 
 
 class SpokeOps(pyfuse3.Operations):
@@ -50,6 +53,13 @@ class SpokeOps(pyfuse3.Operations):
     supports_dot_lookup = False  # no NFS export, so the kernel never looks up ".."
     enable_writeback_cache = False
     enable_acl = False
+    # Listings are plain FUSE_READDIR (names, inode numbers, types), not READDIRPLUS: with
+    # READDIRPLUS the kernel allocates an inode and a dentry for every entry listed, which is
+    # most of a `find`'s time over a large tree (and ~1 KB of kernel memory per entry), while
+    # a DataLoader's scandir needs only names and types. A stat of a listed entry costs one
+    # LOOKUP instead. Needs the patched pyfuse3 (SPOKEFS_PLAIN_READDIR); a stock one ignores it
+    # and keeps READDIRPLUS.
+    readdirplus = False
 
     def __init__(
         self, namespace: Namespace, reader: Reader, control: Control | None, cfg: SpokeConfig
@@ -117,6 +127,13 @@ class SpokeOps(pyfuse3.Operations):
     ) -> pyfuse3.FileHandleT:
         if not stat.S_ISDIR(self._ns.getattr(inode).mode):
             raise NotADir(f"inode {inode}")
+        if _LISTINGS_NAME_INODE:
+            # The kernel then opens directories without asking ("no_opendir"): no OPENDIR
+            # and no RELEASEDIR, two of the five requests per directory of a `find`;
+            # readdir gets the inode as its handle, which is what the handle is anyway; and
+            # the kernel caches listings (FOPEN_CACHE_DIR), which the refresher invalidates
+            # when a directory's names change (``Applied.inodes``).
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         return pyfuse3.FileHandleT(inode)
 
     @fuse_errors
@@ -131,6 +148,13 @@ class SpokeOps(pyfuse3.Operations):
         # entries cost a million replies: ``find`` over a large tree is this loop).
         e = self._entry_template()
         reply = pyfuse3.readdir_reply
+        if _LISTINGS_NAME_INODE:  # plain READDIR: the kernel takes the inode and the type
+            for next_id, name, ino, mode in self._ns.readdir_types(fh, start_id):
+                e.st_ino = ino
+                e.st_mode = mode
+                if not reply(token, name, e, next_id):
+                    break
+            return
         for next_id, name, ino, mode, size, mtime_ns, nlink in self._ns.readdir_rows(fh, start_id):
             e.st_ino = ino
             e.st_mode = mode

@@ -52,6 +52,7 @@ ROOT_INODE = 1
 _ID = struct.Struct(">Q")
 _POS = struct.Struct(">QI")
 _ATTR = struct.Struct("<IQqIQQ")
+_MODE = struct.Struct("<I")  # the head of _ATTR
 _U64 = struct.Struct("<Q")
 _POS_ONLY = struct.Struct(">I")
 _MAP_SIZE = 1 << 36  # 64 GiB of address space; the file grows only as entries need
@@ -231,21 +232,26 @@ class Namespace:
             wire.WireError: the snapshot is malformed or hostile; nothing is changed.
         """
         old_versions: dict[int, int] = {}
+        old_dirs: list[int] = []
         old_roots: list[bytes] = []
+        old_root = self.info.root_id if self.info is not None else 0
         loader = _BulkLoader(self._attr, self._dent, self._dpos)
         with self._env.begin(write=True) as txn:
             if self.info is not None:
-                old_versions = self._file_versions(txn)
+                old_versions, old_dirs = self._files_and_dirs(txn)
                 old_roots = self._names_in(txn, self.info.root_id)
             for db in (self._attr, self._dent, self._dpos, self._info):
                 txn.drop(db, delete=False)
             header = loader.load(txn, compressed)
             info = NamespaceInfo(header.generation, header.root_id, loader.count, loader.total)
             self._put_info(txn, info)
-            new_versions = self._file_versions(txn) if old_versions else {}
+            new_versions = self._files_and_dirs(txn)[0] if old_versions else {}
         # an exception above aborts the transaction: the old namespace stays
         self.info = info
         stale = [fid for fid, ver in old_versions.items() if new_versions.get(fid) != ver]
+        # Every old directory too: the kernel caches listings, and a directory a process
+        # still sits in keeps its inode (and listing) after its name is forgotten.
+        stale += [ROOT_INODE if fid == old_root else fid for fid in old_dirs]
         return Applied(info, [(ROOT_INODE, n) for n in old_roots], stale, loader.count)
 
     def _names_in(self, txn: lmdb.Transaction, dir_id: int) -> list[bytes]:
@@ -259,13 +265,16 @@ class Namespace:
                 names.append(key[8:])
         return names
 
-    def _file_versions(self, txn: lmdb.Transaction) -> dict[int, int]:
-        out = {}
+    def _files_and_dirs(self, txn: lmdb.Transaction) -> tuple[dict[int, int], list[int]]:
+        """Each regular file's version, and the directories (by file id)."""
+        files, dirs = {}, []
         for key, raw in txn.cursor(db=self._attr):
             mode, _, _, _, version, _ = _ATTR.unpack_from(raw)
             if stat.S_ISREG(mode):
-                out[_ID.unpack(key)[0]] = version
-        return out
+                files[_ID.unpack(key)[0]] = version
+            elif stat.S_ISDIR(mode):
+                dirs.append(_ID.unpack(key)[0])
+        return files, dirs
 
     def apply_changes(self, compressed: bytes) -> Applied:
         """Apply a changes answer from the hub (blocking; run in a thread).
@@ -350,6 +359,7 @@ class Namespace:
         else:
             pos = self._next_pos(txn, e.parent_id, b)
             b.entries += 1
+        b.inodes.add(self.inode(e.parent_id))  # its listing changed (the kernel caches it)
         txn.put(dkey, child + _POS_ONLY.pack(pos), db=self._dent)
         txn.put(_POS.pack(e.parent_id, pos), child + e.name, db=self._dpos)
 
@@ -363,6 +373,7 @@ class Namespace:
         txn.delete(_POS.pack(parent, _POS_ONLY.unpack_from(dent, 8)[0]), db=self._dpos)
         b.entries -= 1
         b.names.append((self.inode(parent), name))
+        b.inodes.add(self.inode(parent))  # its listing changed (the kernel caches it)
         raw = txn.get(dent[:8], db=self._attr)
         if raw is not None and not stat.S_ISDIR(_ATTR.unpack_from(raw)[0]):
             b.unlinked[fid] = _ATTR.unpack_from(raw)[1]
@@ -481,6 +492,29 @@ class Namespace:
                 fid = _ID.unpack(child)[0]
                 yield pos + 1, value[8:], ROOT_INODE if fid == root else fid, mode, size, \
                     mtime_ns, nlink
+
+    def readdir_types(self, dir_ino: int, start: int) -> Iterator[tuple[int, bytes, int, int]]:
+        """``(position + 1, name, inode, mode)`` from position ``start`` on: what a plain
+        READDIR answers (names, inode numbers and types), and nothing it does not need. Same
+        transaction rule as ``readdir``."""
+        parent = self.file_id(dir_ino)
+        root = self._root_id()
+        unpack_key, unpack_mode, unpack_id = _POS.unpack, _MODE.unpack_from, _ID.unpack
+        with self._env.begin() as txn:
+            cur = txn.cursor(db=self._dpos)
+            if not cur.set_range(_POS.pack(parent, start)):
+                return
+            get, attr_db = txn.get, self._attr
+            for key, value in cur:
+                pid, pos = unpack_key(key)
+                if pid != parent:
+                    return
+                child = value[:8]
+                raw = get(child, db=attr_db)
+                if raw is None:
+                    continue
+                fid = unpack_id(child)[0]
+                yield pos + 1, value[8:], ROOT_INODE if fid == root else fid, unpack_mode(raw)[0]
 
     def dir_files(self, dir_id: int) -> list[tuple[int, int, int]]:
         """``(file_id, version, size)`` of the regular files in a directory (by file id).

@@ -92,6 +92,18 @@ async def test_read_through_handle(ops):
     await ops.release(fi.fh)
 
 
+async def test_opendir_leaves_directories_to_the_kernel(ops):
+    """With the patched pyfuse3, opendir answers ENOSYS (the kernel stops asking) and a
+    listing names the inode as its handle; with a stock one, the handle is the inode."""
+    if getattr(pyfuse3, "SPOKEFS_PLAIN_READDIR", False):
+        with pytest.raises(pyfuse3.FUSEError) as info:
+            await ops.opendir(ROOT_INODE, Ctx())
+        assert info.value.errno == errno.ENOSYS
+    else:
+        assert await ops.opendir(ROOT_INODE, Ctx()) == ROOT_INODE
+    assert ops.readdirplus is False
+
+
 @pytest.mark.parametrize(
     ("call", "code"),
     [
