@@ -106,6 +106,7 @@ from longlink import LongLinkProcess  # noqa: E402
 
 from hubd import wire  # noqa: E402
 from spokefs import trace_file  # noqa: E402
+from spokefs.bodies import unframed  # noqa: E402
 
 RESULTS = HERE / "results" / "train.jsonl"
 KIB, MIB = 1024, 1024 * 1024
@@ -826,7 +827,7 @@ def drop_copies(env: Env) -> None:
 
 
 def snapshot_files(conn: http.client.HTTPConnection) -> list[tuple[str, int, int]]:
-    """GET /v1/snapshot and list every regular file as (relative path, file id, version)."""
+    """GET /v2/snapshot and list every regular file as (relative path, file id, version)."""
     conn.request("GET", wire.SNAPSHOT_PATH)
     resp = conn.getresponse()
     body = resp.read()
@@ -850,7 +851,8 @@ def snapshot_files(conn: http.client.HTTPConnection) -> list[tuple[str, int, int
 
 def copy_through_link(port: int, dst: Path, threads: int, timeout_s: float) -> dict[str, Any]:
     """Copy every file: one snapshot GET, then ``threads`` threads each GETting whole files
-    (``GET /v1/blob/{id}/{version}`` without Range: 200 with the whole file) over its own
+    (``GET /v2/blob/{id}/{version}`` without Range: 200 with the whole framed file, whose
+    frames are checked and stripped as a copier of protocol v2 must) over its own
     keep-alive connection. Returns {"seconds", "files", "bytes", "threads"}."""
     t0 = time.perf_counter()
     end = t0 + timeout_s
@@ -865,9 +867,10 @@ def copy_through_link(port: int, dst: Path, threads: int, timeout_s: float) -> d
         rel, file_id, version = item
         local.conn.request("GET", wire.blob_path(file_id, version))
         resp = local.conn.getresponse()
-        data = resp.read()
+        body = resp.read()
         if resp.status != 200:
             raise bl.BenchError(f"copy-first: GET {rel}: HTTP {resp.status}")
+        data = unframed(body, file_id, version, 0)
         path = dst / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
@@ -1283,7 +1286,7 @@ def apply_presets(args: argparse.Namespace, p: argparse.ArgumentParser,
         args.files, args.dirs, args.long_files, args.long_dirs = 60, 3, 60, 3
         args.rtts, args.runs, args.modes = "4", 1, "io"
         if "--only" not in explicit:
-            args.only = "local,spoke-cold,spoke-warm,spoke-remount,spoke-replay"
+            args.only = "local,spoke-cold,spoke-warm,spoke-remount,spoke-replay,copy-first"
         args.plots = False if args.plots is None else args.plots
     if args.max_seconds is None:
         args.max_seconds = 150.0 if args.smoke else 1200.0 if args.quick else 3600.0

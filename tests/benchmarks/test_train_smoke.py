@@ -2,8 +2,8 @@
 mismatches.
 
 ``--smoke`` is a tiny run (60 files in 3 directories, a 4 ms RTT through the long-link
-emulator, one run, io mode, configurations local, spoke-cold, spoke-warm, spoke-remount and
-spoke-replay, no plots); timing is not asserted, only that every configuration ran, every
+emulator, one run, io mode, configurations local, spoke-cold, spoke-warm, spoke-remount,
+spoke-replay and copy-first, no plots); timing is not asserted, only that every configuration ran, every
 sample matched its manifest digest, and every spoke exited 0 after a clean unmount (the
 script exits 1 otherwise). Its JSON line goes to a temporary file, not into benchmarks/results/. Needs root,
 /dev/fuse and fusermount3 (the ``fuse`` marker) and PyTorch.
@@ -45,7 +45,7 @@ def test_train_smoke(tmp_path: Path) -> None:
     assert record["mismatches_total"] == 0, output
     epochs = record["epochs"]
     assert {e["config"] for e in epochs} == {"local", "spoke-cold", "spoke-warm",
-                                             "spoke-remount", "spoke-replay"}, output
+                                             "spoke-remount", "spoke-replay", "copy-first"}, output
     for e in epochs:
         assert e["samples"] == e["planned"] == 60, e
         assert e["mismatches"] == 0 and e["read_errors"] == 0, e
