@@ -464,42 +464,30 @@ class Namespace:
 
     def readdir_rows(self, dir_ino: int, start: int) -> Iterator[DirRow]:
         """What ``readdir`` yields, as plain tuples: ``(position + 1, name, inode, mode,
-        size, mtime_ns, nlink)``, ``size`` being a symlink's target length for a symlink.
-
-        The hot path of ``find`` over a large tree: no object per entry. Same transaction
-        rule as ``readdir``.
+        size, mtime_ns, nlink)``, ``size`` being a symlink's target length for a symlink
+        (a READDIRPLUS answer). No object per entry; same transaction rule as ``readdir``.
         """
-        parent = self.file_id(dir_ino)
-        root = self._root_id()
-        unpack_key, unpack_attr = _POS.unpack, _ATTR.unpack_from
-        fixed = _ATTR.size
-        with self._env.begin() as txn:
-            cur = txn.cursor(db=self._dpos)
-            if not cur.set_range(_POS.pack(parent, start)):
-                return
-            get, attr_db = txn.get, self._attr
-            for key, value in cur:
-                pid, pos = unpack_key(key)
-                if pid != parent:
-                    return
-                child = value[:8]
-                raw = get(child, db=attr_db)
-                if raw is None:
-                    continue
-                mode, size, mtime_ns, nlink, _, _ = unpack_attr(raw)
-                if mode & 0o170000 == stat.S_IFLNK:
-                    size = len(raw) - fixed
-                fid = _ID.unpack(child)[0]
-                yield pos + 1, value[8:], ROOT_INODE if fid == root else fid, mode, size, \
-                    mtime_ns, nlink
+        unpack_attr, fixed = _ATTR.unpack_from, _ATTR.size
+        for next_pos, name, ino, raw in self._listing(dir_ino, start):
+            mode, size, mtime_ns, nlink, _, _ = unpack_attr(raw)
+            if mode & 0o170000 == stat.S_IFLNK:
+                size = len(raw) - fixed
+            yield next_pos, name, ino, mode, size, mtime_ns, nlink
 
     def readdir_types(self, dir_ino: int, start: int) -> Iterator[tuple[int, bytes, int, int]]:
         """``(position + 1, name, inode, mode)`` from position ``start`` on: what a plain
-        READDIR answers (names, inode numbers and types), and nothing it does not need. Same
-        transaction rule as ``readdir``."""
+        READDIR answers (names, inode numbers and types), and nothing it does not need; the
+        hot path of ``find`` over a large tree. Same transaction rule as ``readdir``."""
+        unpack_mode = _MODE.unpack_from
+        for next_pos, name, ino, raw in self._listing(dir_ino, start):
+            yield next_pos, name, ino, unpack_mode(raw)[0]
+
+    def _listing(self, dir_ino: int, start: int) -> Iterator[tuple[int, bytes, int, bytes]]:
+        """``(position + 1, name, inode, stored attributes)`` of a directory's entries from
+        position ``start`` on, inside one read transaction."""
         parent = self.file_id(dir_ino)
         root = self._root_id()
-        unpack_key, unpack_mode, unpack_id = _POS.unpack, _MODE.unpack_from, _ID.unpack
+        unpack_key, unpack_id = _POS.unpack, _ID.unpack
         with self._env.begin() as txn:
             cur = txn.cursor(db=self._dpos)
             if not cur.set_range(_POS.pack(parent, start)):
@@ -514,7 +502,7 @@ class Namespace:
                 if raw is None:
                     continue
                 fid = unpack_id(child)[0]
-                yield pos + 1, value[8:], ROOT_INODE if fid == root else fid, unpack_mode(raw)[0]
+                yield pos + 1, value[8:], ROOT_INODE if fid == root else fid, raw
 
     def dir_files(self, dir_id: int) -> list[tuple[int, int, int]]:
         """``(file_id, version, size)`` of the regular files in a directory (by file id).

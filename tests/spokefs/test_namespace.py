@@ -113,6 +113,8 @@ def test_changes_rename_grow_remove_and_new_dir(tmp_path):
     after = [n for _, n, _ in ns.readdir(0x200, 0)]
     assert after == [n for n in before if n != b"f00002"]
     assert (ROOT_INODE, b"a\nb") in applied.names and 0x1001 in applied.inodes
+    # the kernel caches listings: every directory whose names changed is invalidated
+    assert {ROOT_INODE, 0x200, 0x900} <= set(applied.inodes)
     assert applied.info.entries == 505 - 1 + 1 - 1 + 2  # renamed, removed, new dir + child
     ns.close()
     assert Namespace(tmp_path).info == applied.info  # persisted
@@ -167,6 +169,21 @@ def test_a_name_twice_across_load_steps_is_rejected(tmp_path, monkeypatch):
     with pytest.raises(wire.WireError, match="listed twice"):
         ns.load_snapshot(wire.encode_snapshot(7, ROOT, twice))
     assert ns.info is None
+
+
+def test_a_reload_invalidates_every_old_directory(tmp_path):
+    ns = loaded(tmp_path)
+    applied = ns.reload_snapshot(wire.encode_snapshot(8, ROOT, tree()[:3]))
+    assert {ROOT_INODE, 0x200} <= set(applied.inodes)  # listings the kernel may hold
+
+
+def test_readdir_types_match_readdir(tmp_path):
+    ns = Namespace(tmp_path)
+    ns.load_snapshot(wire.encode_snapshot(7, ROOT, tree()))
+    for ino in (ROOT_INODE, 0x200):
+        want = [(pos, name, a.ino, a.mode) for pos, name, a in ns.readdir(ino, 0)]
+        assert list(ns.readdir_types(ino, 0)) == want and want
+        assert list(ns.readdir_types(ino, want[1][0])) == want[2:]
 
 
 def test_readdir_rows_match_readdir(tmp_path):
