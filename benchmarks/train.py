@@ -1261,7 +1261,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rclone-arg", action="append", default=[], help="extra rclone mount arg")
     p.add_argument("--hub-source", choices=("dir", "bucket", "both"), default="dir",
                    help="what hubd exports to the spokes: the dataset's directory (dir), a "
-                   "bucket on SeaweedFS holding it (bucket: bucket-cold instead of spoke-*), "
+                   "bucket on SeaweedFS holding it (bucket: bucket-cold instead of spoke-*, copy-first and rclone), "
                    "or both side by side (both: bucket-cold next to spoke-cold)")
     p.add_argument("--results-file", type=Path, default=RESULTS, help="JSON line appended here")
     p.add_argument("--plots-dir", type=Path, default=HERE / "results")
@@ -1303,13 +1303,15 @@ def apply_presets(args: argparse.Namespace, p: argparse.ArgumentParser,
 
 
 def apply_hub_source(args: argparse.Namespace) -> None:
-    """--hub-source: bucket-cold runs only when asked (both, bucket); bucket drops spoke-*."""
+    """--hub-source: bucket-cold runs only when asked (both, bucket); bucket drops what reads
+    the directory export (spoke-*, copy-first, rclone)."""
     if args.hub_source == "dir":
         args.only = [c for c in args.only if c != "bucket-cold"]
     elif "bucket-cold" not in args.only:
         args.only.append("bucket-cold")
     if args.hub_source == "bucket":
-        args.only = [c for c in args.only if c not in SPOKE_CONFIGS]
+        args.only = [c for c in args.only
+                     if c not in SPOKE_CONFIGS and c not in ("copy-first", "rclone")]
 
 
 def preflight(env: Env) -> None:
