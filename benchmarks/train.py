@@ -1261,8 +1261,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rclone-arg", action="append", default=[], help="extra rclone mount arg")
     p.add_argument("--hub-source", choices=("dir", "bucket", "both"), default="dir",
                    help="what hubd exports to the spokes: the dataset's directory (dir), a "
-                   "bucket on SeaweedFS holding it (bucket: bucket-cold instead of spoke-*, copy-first and rclone), "
-                   "or both side by side (both: bucket-cold next to spoke-cold)")
+                   "bucket on SeaweedFS holding it (bucket: bucket-cold instead of spoke-*, "
+                   "copy-first and rclone), or both side by side (both: bucket-cold next to "
+                   "spoke-cold)")
     p.add_argument("--results-file", type=Path, default=RESULTS, help="JSON line appended here")
     p.add_argument("--plots-dir", type=Path, default=HERE / "results")
     p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=None,
