@@ -3,10 +3,11 @@ mismatches.
 
 ``--smoke`` is a tiny run (60 files in 3 directories, a 4 ms RTT through the long-link
 emulator, one run, io mode, configurations local, spoke-cold, spoke-warm, spoke-remount,
-spoke-replay and copy-first, no plots); timing is not asserted, only that every configuration ran, every
-sample matched its manifest digest, and every spoke exited 0 after a clean unmount (the
-script exits 1 otherwise). Its JSON line goes to a temporary file, not into benchmarks/results/. Needs root,
-/dev/fuse and fusermount3 (the ``fuse`` marker) and PyTorch.
+spoke-replay and copy-first, no plots); timing is not asserted, only that every
+configuration ran, every sample matched its manifest digest, and every spoke exited 0 after
+a clean unmount (the script exits 1 otherwise). Its JSON line goes to a temporary file, not
+into benchmarks/results/. Needs root, /dev/fuse and fusermount3 (the ``fuse`` marker) and
+PyTorch.
 """
 
 from __future__ import annotations
