@@ -24,7 +24,7 @@ import contextlib
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -81,6 +81,23 @@ class Pack:
     served: int
     gone: int
     file_bytes: int
+
+    @classmethod
+    def of(cls, members: Iterable[tuple[int, int, bytes | None]]) -> Pack:
+        """The pack of ``(file_id, version, data)`` in plan order; data None: the file is
+        gone (a ``PACK_GONE`` record)."""
+        parts: list[bytes] = []
+        served = gone = file_bytes = 0
+        for file_id, version, data in members:
+            if data is None:
+                parts.append(wire.encode_pack_record(file_id, version, None, 0))
+                gone += 1
+                continue
+            parts.append(wire.encode_pack_record(file_id, version, data,
+                                                 xxhash.xxh3_64_intdigest(data)))
+            served += 1
+            file_bytes += len(data)
+        return cls(b"".join(parts), served, gone, file_bytes)
 
 
 def parse_range(values: list[str]) -> RangeSpec | None:
@@ -201,21 +218,14 @@ class RangeReader:
         return FramedBlob(fd, file_id, version, size, rng)
 
     def _read_pack_sync(self, snap: Snapshot, plan: wire.PackPlan) -> Pack:
-        parts: list[bytes] = []
-        served = file_bytes = 0
-        for file_id, version, _ in plan.members:
-            try:
-                data = self._read_whole(snap, file_id, version)
-            except (UnknownFile, StaleVersion):
-                data = None  # gone from disk or changed since the snapshot
-            if data is None:
-                parts.append(wire.encode_pack_record(file_id, version, None, 0))
-                continue
-            parts.append(wire.encode_pack_record(file_id, version, data,
-                                                 xxhash.xxh3_64_intdigest(data)))
-            served += 1
-            file_bytes += len(data)
-        return Pack(b"".join(parts), served, len(plan.members) - served, file_bytes)
+        return Pack.of((file_id, version, self._whole_or_none(snap, file_id, version))
+                       for file_id, version, _ in plan.members)
+
+    def _whole_or_none(self, snap: Snapshot, file_id: int, version: int) -> bytes | None:
+        try:
+            return self._read_whole(snap, file_id, version)
+        except (UnknownFile, StaleVersion):
+            return None  # gone from disk or changed since the snapshot
 
     def _read_whole(self, snap: Snapshot, file_id: int, version: int) -> bytes:
         fd, size = self._export.open_file(snap, file_id, version)

@@ -225,15 +225,5 @@ class BucketReader:
                 tasks = [group.create_task(whole(*m)) for m in plan.members]
         except ExceptionGroup as group_error:  # Forbidden, ReadFailed: one answer for all
             raise first_error(group_error) from None
-        parts: list[bytes] = []
-        served = file_bytes = 0
-        for (file_id, version, _), task in zip(plan.members, tasks, strict=True):
-            data = task.result()
-            if data is None:
-                parts.append(wire.encode_pack_record(file_id, version, None, 0))
-                continue
-            parts.append(wire.encode_pack_record(file_id, version, data,
-                                                 xxhash.xxh3_64_intdigest(data)))
-            served += 1
-            file_bytes += len(data)
-        return Pack(b"".join(parts), served, len(plan.members) - served, file_bytes)
+        return Pack.of((file_id, version, task.result())
+                       for (file_id, version, _), task in zip(plan.members, tasks, strict=True))
