@@ -172,11 +172,11 @@ class Reader:
         if self._packs is not None and wire.packable(fv.size) and fv.size <= self._small:
             plan = await self._packs.pack_of(stream.parent_id, fv)
         if plan is not None:
-            while True:
-                await self._fetcher.demand_pack(plan, fv)
-                found = await self._look(fv, offset, end, record=False)
-                if found.data is not None:
-                    return found.data
+            await self._fetcher.demand_pack(plan, fv)
+            found = await self._look(fv, offset, end, record=False)
+            if found.data is not None:
+                return found.data
+            missing = found.missing  # the pack did not bring it: fetch it alone below
         if fv.size <= self._small:  # a small file comes whole, in one round trip
             present = self._cache.present_chunks_now(fv, 0, fv.chunks() - 1)
             wanted = set(missing)
@@ -191,6 +191,10 @@ class Reader:
             if found.data is not None:
                 return found.data
             missing = found.missing  # others' fetches failed, or the cache let them go
+            # Each round fetches or waits on the hub, but a cache that loses what was just
+            # staged could make one return at once: never spin without letting the deadline,
+            # the writer and every other request run.
+            await trio.lowlevel.checkpoint()
 
 
 def _account(nbytes: int, by_origin: list[int], blocks: int, misses: int,

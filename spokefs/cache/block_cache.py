@@ -150,6 +150,7 @@ from spokefs.cache.store import (
     nblocks,
 )
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
+from spokefs.log_limit import LogLimiter
 from spokefs.types import FileVersion
 
 __all__ = [
@@ -257,6 +258,10 @@ class BlockCache:
         self._queued_total = 0  # pieces the writer has taken
         self._done_total = 0  # pieces stored or dropped
         self._drops: list[tuple[int, int, list[int]]] = []  # blocks that failed a checksum
+        # chunks holding such blocks until their drop commits: not "present" meanwhile, so
+        # a fill fetches them again instead of trusting their headers (see ``_condemn``)
+        self._condemned: dict[bytes, int] = {}
+        self._log = LogLimiter(log)
         self._work = trio.Event()
         self._committed = trio.Event()
         self._store = self._open()
@@ -398,10 +403,8 @@ class BlockCache:
             if len(self._clock.promote) >= _PROMOTE_BATCH:
                 await self._write("promote", self._plan((), hand=False))
         if corrupt:
-            log.warning("dropping %d cached blocks of file %x that failed their checksum",
-                        len(corrupt), file_id)
-            metrics.CHECKSUM_FAILURES.inc(len(corrupt))
-            await self._write("drop", file_id, version, corrupt)
+            self._condemn(file_id, version, corrupt)
+            await self._write_drop(file_id, version, corrupt)
         return found
 
     def _record_visits(
@@ -453,16 +456,45 @@ class BlockCache:
             if len(self._clock.promote) >= _PROMOTE_BATCH:
                 self._wake_writer()  # the writer stores them: no write transaction in a read
         if res.corrupt:
-            log.warning("dropping %d cached blocks of file %x that failed their checksum",
-                        len(res.corrupt), file_id)
-            metrics.CHECKSUM_FAILURES.inc(len(res.corrupt))
+            self._condemn(file_id, version, res.corrupt)
             self._drops.append((file_id, version, res.corrupt))
             self._wake_writer()
         return res
 
+    def _condemn(self, file_id: int, version: int, corrupt: list[int]) -> None:
+        """Blocks that failed their checksum: counted, logged at a bounded rate, and their
+        chunks no longer count as present until the drop commits (``present_chunks_now``).
+
+        Without that, a fill asked for a file whose headers still say "all here" would find
+        nothing to fetch, and the read would look, fail the checksum and ask again forever.
+        """
+        metrics.CHECKSUM_FAILURES.inc(len(corrupt))
+        self._log.warning("checksum", "dropping %d cached blocks of file %x that failed "
+                          "their checksum; fetching them again", len(corrupt), file_id)
+        for ci in {i // CHUNK_BLOCKS for i in corrupt}:
+            key = KEY.pack(file_id, version, ci)
+            self._condemned[key] = self._condemned.get(key, 0) + 1
+
+    async def _write_drop(self, file_id: int, version: int, corrupt: list[int]) -> None:
+        """Drop blocks that failed their checksum; their chunks count as present again only
+        when the drop has committed (or failed: a later read finds them bad again)."""
+        try:
+            await self._write("drop", file_id, version, corrupt)
+        finally:
+            for ci in {i // CHUNK_BLOCKS for i in corrupt}:
+                key = KEY.pack(file_id, version, ci)
+                left = self._condemned.get(key, 0) - 1
+                if left > 0:
+                    self._condemned[key] = left
+                else:
+                    self._condemned.pop(key, None)
+
     def present_chunks_now(self, fv: FileVersion, first: int, last: int) -> set[int]:
         """Chunk indexes among ``first..last`` held whole, stored or staged (inline)."""
         present: set[int] = self._inline(set(), "present", fv, first, last)
+        if self._condemned:
+            present = {ci for ci in present
+                       if KEY.pack(fv.file_id, fv.version, ci) not in self._condemned}
         for ci in range(first, last + 1):
             if ci not in present and self._staged_whole(fv, ci):
                 present.add(ci)
@@ -537,7 +569,7 @@ class BlockCache:
                 with trio.CancelScope(shield=True):
                     await self._reset()
             while self._drops:
-                await self._write("drop", *self._drops.pop())
+                await self._write_drop(*self._drops.pop())
             if self._queue:
                 await self._write_staged()
             elif len(self._clock.promote) >= _PROMOTE_BATCH:
