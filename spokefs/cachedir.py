@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import stat
 from pathlib import Path
 
 from spokefs.errors import UserError
+
+log = logging.getLogger(__name__)
 
 LOCK_NAME = "spokefs.lock"
 LOG_NAME = "spokefs.log"
@@ -100,9 +103,12 @@ class CacheLock:
             raise UserError(
                 f"--cache-dir {self.path.parent} is in use by another mount{holder}: "
                 "give each mount its own --cache-dir") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {mountpoint}\n".encode(errors="surrogateescape"), 0)
         self._fd = fd
+        try:  # who holds it, for a refusal's message only: a full disk must not stop a mount
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {mountpoint}\n".encode(errors="surrogateescape"), 0)
+        except OSError as exc:
+            log.warning("could not note the holder in %s: %s", self.path, exc.strerror)
 
     def release(self) -> None:
         """Drop the lock (closing the file drops the flock); safe to call twice."""

@@ -86,6 +86,13 @@ class CorruptBlock(SpokeError):
     code = errno.EIO
 
 
+class StoreFailed(SpokeError):
+    """A local store (the namespace, a trace) could not be written: the disk is full or
+    failing. The mount goes on with what it has; the caller retries later."""
+
+    code = errno.ENOSPC
+
+
 class PinLimit(SpokeError):
     code = errno.ENOSPC
 

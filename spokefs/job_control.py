@@ -36,7 +36,8 @@ from pathlib import Path
 
 import trio
 
-from spokefs.errors import BadRequest, NotPermitted, UserError
+from spokefs import metrics
+from spokefs.errors import BadRequest, NotPermitted, StoreFailed, UserError
 from spokefs.namespace import Attr, Namespace
 from spokefs.pins import Pins
 from spokefs.replay import Replayer
@@ -139,7 +140,12 @@ class JobControl:
         info = self._ns.info
         raw = dumps(entries, hub=self._hub_url,
                     generation=info.generation if info is not None else 0)
-        await trio.to_thread.run_sync(self._export.write_bytes, raw)
+        try:
+            await trio.to_thread.run_sync(self._export.write_bytes, raw)
+        except OSError as exc:
+            metrics.STORE_ERRORS.labels(store="trace").inc()
+            raise StoreFailed(f"cannot save the trace to {self._export}: "
+                              f"{exc.strerror}") from None
         return {"size": len(raw), "page": PAGE, "gone": gone, **summary(entries)}
 
     async def _page(self, number: bytes) -> bytes:

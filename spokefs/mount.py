@@ -23,6 +23,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import TypeVar
 
+import lmdb
 import pyfuse3
 import trio
 from prometheus_client import start_http_server
@@ -32,7 +33,7 @@ from spokefs import cachedir, trace_file
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import SpokeConfig
 from spokefs.control import Control
-from spokefs.errors import UserError
+from spokefs.errors import StoreFailed, UserError
 from spokefs.fetcher import Fetcher
 from spokefs.fuse_ops import SpokeOps
 from spokefs.hub_client import HubClient
@@ -163,7 +164,7 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
                 tls=cfg.tls, tier_url=cfg.tier_url, failover_after_s=cfg.hub_failover_after_s,
             )
         )
-        ns = Namespace(cfg.cache_dir / "namespace")
+        ns = _opened(Namespace, cfg.cache_dir / "namespace")
         stack.callback(ns.close)
         refresher = Refresher(hub, ns, cfg.refresh_interval_s, cfg.mount_deadline_s)
         if refresher.has_namespace:  # mount it now: the refresher catches up afterwards
@@ -173,7 +174,7 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             info = await _while_warming(hub, warm, cfg.mount_deadline_s, refresher.replicate)
         # a bad trace fails the mount before it mounts anything
         replay = trace_file.read(cfg.replay_path)[1] if cfg.replay_path is not None else None
-        cache = BlockCache(cfg.cache_dir / "blocks", cfg.cache_max_bytes)
+        cache = _opened(BlockCache, cfg.cache_dir / "blocks", cfg.cache_max_bytes)
         stack.callback(cache.close)
         cachedir.harden(cfg.cache_dir)  # LMDB made its files 0700 under umask 0077: 0600
         fetcher = Fetcher(cache, hub)
@@ -224,6 +225,21 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             # unmount whether the loop ended cleanly or not: never leave a dead mount
             pyfuse3.close(unmount=True)
             log.info("unmounted %s (%s)", cfg.mountpoint, "clean" if clean else "after an error")
+
+
+def _opened(store: Callable[..., T], path: Path, *args: object) -> T:
+    """``store(path, *args)``: a namespace or a block cache opened, or one line that says
+    why not (no room on the disk for its files, or a disk that fails).
+
+    Raises:
+        UserError: it cannot be opened.
+    """
+    try:
+        return store(path, *args)
+    except StoreFailed as exc:
+        raise UserError(str(exc)) from None
+    except lmdb.Error as exc:
+        raise UserError(f"cannot open {path}: {exc}") from None
 
 
 def _job_control(

@@ -46,7 +46,8 @@ from pathlib import Path
 import lmdb
 
 from hubd import wire
-from spokefs.errors import NotFound
+from spokefs.errors import NotFound, StoreFailed
+from spokefs.lmdb_env import open_env
 
 ROOT_INODE = 1
 _ID = struct.Struct(">Q")
@@ -197,11 +198,8 @@ class Namespace:
     """Read access to the replicated namespace, and the snapshot loader."""
 
     def __init__(self, path: Path) -> None:
-        path.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._env = lmdb.open(
-            str(path), map_size=_MAP_SIZE, max_dbs=4, readahead=False, lock=True
-        )
+        self._env = open_env(path, map_size=_MAP_SIZE, max_dbs=4, readahead=False, lock=True)
         self._attr = self._env.open_db(b"attr")
         self._dent = self._env.open_db(b"dent")
         self._dpos = self._env.open_db(b"dpos")
@@ -282,7 +280,15 @@ class Namespace:
         Raises:
             wire.WireError: malformed, hostile, or not based on this namespace's generation
                 (the caller then loads a full snapshot); nothing is changed.
+            StoreFailed: the changes could not be written (a full disk, a failing one);
+                nothing is changed.
         """
+        try:
+            return self._apply_changes(compressed)
+        except (lmdb.MapFullError, lmdb.DiskError) as exc:  # the transaction was aborted
+            raise StoreFailed(f"cannot store namespace changes in {self.path}: {exc}") from None
+
+    def _apply_changes(self, compressed: bytes) -> Applied:
         if self.info is None:
             raise wire.WireError("no namespace to apply changes to")
         info = self.info

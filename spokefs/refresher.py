@@ -13,7 +13,8 @@ While mounted (``run``): polls ``/v1/changes`` every ``refresh_interval_s`` and 
 included, the kernel is told to forget the names and inodes that changed
 (``pyfuse3.invalidate_*``), so the long entry and attribute timeouts never show stale
 metadata, and pages cached under ``keep_cache`` are dropped for files whose bytes changed.
-Open handles keep reading the version they opened.
+Open handles keep reading the version they opened with ``--open-mode handle``; with ``kernel``
+reads follow the namespace (``inode_streams``).
 
 Log lines a remount leaves: ``mounting the stored namespace`` at once, then ``caught up
 with the hub`` (or ``catch-up failed ... retrying``) once the hub answered.
@@ -39,8 +40,16 @@ import trio
 
 from hubd import wire
 from spokefs import metrics
-from spokefs.errors import GenerationGone, HubBehind, HubProtocolError, HubUnavailable, UserError
+from spokefs.errors import (
+    GenerationGone,
+    HubBehind,
+    HubProtocolError,
+    HubUnavailable,
+    StoreFailed,
+    UserError,
+)
 from spokefs.hub_client import HubClient
+from spokefs.log_limit import LogLimiter
 from spokefs.namespace import Applied, Namespace, NamespaceInfo
 from spokefs.snapshot_load import LoadFailed, reload_snapshot_apart
 
@@ -69,6 +78,7 @@ class Refresher:
         self._done = trio.Event()
         self._last_error: Exception | None = None
         self._catching_up = False  # a stored namespace was mounted: poll at once
+        self._log = LogLimiter(log)
         self.mounted = False  # the kernel knows our inodes only once mounted
 
     # -- at mount ---------------------------------------------------------------------
@@ -146,9 +156,12 @@ class Refresher:
             self._last_error = None
             try:
                 await self._poll()
-            except (HubUnavailable, HubProtocolError, wire.WireError, LoadFailed) as exc:
+            except (HubUnavailable, HubProtocolError, wire.WireError, LoadFailed,
+                    StoreFailed) as exc:
                 self._last_error = exc
                 metrics.REFRESH_ERRORS.inc()
+                if isinstance(exc, (StoreFailed, LoadFailed)):
+                    metrics.STORE_ERRORS.labels(store="namespace").inc()
                 self._log_failure(exc)
             finally:
                 done, self._done = self._done, trio.Event()
@@ -171,13 +184,17 @@ class Refresher:
                      before.generation, after.generation, after.entries)
 
     def _log_failure(self, exc: Exception) -> None:
-        if not self._catching_up:
-            log.warning("namespace refresh failed: %s", exc)
-            return
+        """One line per failure, at a bounded rate (``spokefs refresh`` in a loop, or a
+        short interval against a full disk, must not flood the log)."""
         info = self._ns.info
-        log.warning("catch-up with the hub failed (%s): serving the stored namespace of "
-                    "generation %d, retrying in %.0f s", exc, info.generation if info else 0,
-                    min(CATCH_UP_RETRY_S, self._wait_s()))
+        generation = info.generation if info else 0
+        if not self._catching_up:
+            self._log.warning("refresh", "namespace refresh failed: %s; serving generation %d",
+                              exc, generation)
+            return
+        self._log.warning("catch-up", "catch-up with the hub failed (%s): serving the stored "
+                          "namespace of generation %d, retrying in %.0f s", exc, generation,
+                          min(CATCH_UP_RETRY_S, self._wait_s()))
 
     # -- the work ---------------------------------------------------------------------
 

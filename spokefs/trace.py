@@ -37,6 +37,7 @@ counted (``spokefs_trace_dropped_total``) and logged once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
@@ -45,6 +46,7 @@ from pathlib import Path
 import trio
 
 from spokefs import metrics
+from spokefs.log_limit import LogLimiter
 from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)
@@ -98,6 +100,7 @@ class TraceRecorder:
         self._full_logged = False
         self._truncate = False  # cleared: the next write starts a new file
         self._lock = trio.Lock()  # one writer of the file at a time
+        self._log = LogLimiter(log)
         trace_dir.mkdir(parents=True, exist_ok=True)
         self._load()
 
@@ -178,15 +181,26 @@ class TraceRecorder:
             self._truncate = False
             try:
                 await trio.to_thread.run_sync(self._append, data, truncate)
-            except OSError as exc:
-                log.warning("trace: could not write %s: %s", self.path, exc)
+            except OSError as exc:  # a full disk: these records are lost, the mount goes on
+                self._truncate = truncate  # the file was left as it was (``_append``)
+                metrics.STORE_ERRORS.labels(store="trace").inc()
+                self._log.warning("write", "trace: could not write %s: %s", self.path, exc)
             metrics.TRACE_RECORDS.set(self._count)
 
     def _append(self, data: bytes, truncate: bool) -> None:
+        """Append whole records, or leave the file as it was (a torn record would make
+        the whole trace unreadable at the next mount)."""
         with open(self.path, "wb" if truncate else "ab") as f:
-            if truncate:
-                f.write(MAGIC)
-            f.write(data)
+            start = f.tell()
+            try:
+                if truncate:
+                    f.write(MAGIC)
+                f.write(data)
+                f.flush()
+            except OSError:
+                with contextlib.suppress(OSError):
+                    f.truncate(start)
+                raise
 
     async def saved_records(self) -> list[Record]:
         """Every record, in order (the buffer is written first)."""

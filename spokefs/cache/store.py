@@ -31,6 +31,7 @@ from spokefs.cache.layout import (
     tail_len,
 )
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
+from spokefs.lmdb_env import open_env
 from spokefs.residency import resident
 from spokefs.types import FileVersion
 
@@ -98,10 +99,7 @@ class ChunkStore:
         # default of twice the quota leaves room for pages freed but not yet reusable (an
         # older reader still sees them) and for free runs too short for a chunk; measured,
         # the file stays at 1.05x the quota through a churn of 8x it (bench_eviction.py).
-        self._env = lmdb.open(
-            str(path), map_size=map_bytes, max_dbs=8,
-            sync=False, metasync=False,
-        )
+        self._env = open_env(path, map_size=map_bytes, max_dbs=8, sync=False, metasync=False)
         try:
             self._env.reader_check()  # slots of readers killed with -9 pin old pages
             self._page = self._env.stat()["psize"]
@@ -112,7 +110,8 @@ class ChunkStore:
                 self.order_db = self._env.open_db(b"order", txn=txn)
                 self._meta = self._env.open_db(b"meta", txn=txn)
                 self.state = CacheState.decode(txn.get(b"state", db=self._meta))
-                txn.put(b"layout", bytes([LAYOUT]), db=self._meta)
+                if txn.get(b"layout", db=self._meta) is None:  # once: a reopen writes
+                    txn.put(b"layout", bytes([LAYOUT]), db=self._meta)  # nothing (full disk)
         except BaseException:
             self._env.close()
             raise
