@@ -362,7 +362,8 @@ class HubClient:
             log.warning("tier %s failed a %s request (%s: %s): reading from the hub %s",
                         self.tier_url, kind, reason, detail[:200], self.base_url)
 
-    async def keep_warm(self, connections: Callable[[], int], interval_s: float) -> None:
+    async def keep_warm(self, connections: Callable[[], int], interval_s: float, *,
+                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Keep about ``connections()`` connections to the hub open: a request at once, and
         again every ``interval_s`` (under the hub's keep-alive timeout), on each of that many
         connections at the same time, so that each uses its own.
@@ -371,6 +372,7 @@ class HubClient:
         out (1.35 s at 900 ms): a burst of fills or reads that finds its connections open
         starts that much sooner. The requests are ``GET /healthz``: a few bytes each.
         """
+        task_status.started()
         while True:
             await self.warm_up(connections(), interval_s)
             await trio.sleep(interval_s)

@@ -47,6 +47,7 @@ from spokefs.prefetcher import Prefetcher
 from spokefs.reader import Reader
 from spokefs.refresher import Refresher
 from spokefs.replay import Replayer
+from spokefs.supervise import supervised
 from spokefs.trace import TraceRecorder
 from spokefs.types import FileVersion
 
@@ -202,20 +203,23 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_terminate_on_signal)
                 refresher.mounted = True
-                await nursery.start(cache.run)
-                await nursery.start(fetcher.run)
-                await nursery.start(refresher.run)
+                # each restarted if it fails (``supervise``): a bug there must not unmount
+                await nursery.start(supervised, "writer", cache.run)
+                await nursery.start(supervised, "fetcher", fetcher.run)
+                await nursery.start(supervised, "refresher", refresher.run)
                 if trace is not None:
-                    await nursery.start(trace.run)
-                await nursery.start(replayer.run)
+                    await nursery.start(supervised, "trace", trace.run)
+                await nursery.start(supervised, "replayer", replayer.run)
                 if replay is not None:  # epoch 1 of the next run reads warm data
                     replayer.start(replay, cfg.replay_path.name if cfg.replay_path else "")
                 if origins.several:
-                    await nursery.start(origins.watch_preferred, hub.probe)
+                    await nursery.start(supervised, "origins", origins.watch_preferred,
+                                        hub.probe)
                 if prefetcher is not None:
-                    await nursery.start(prefetcher.run)
-                    nursery.start_soon(hub.keep_warm, prefetcher.warm_connections,
-                                       cfg.prefetch.warm_interval_s)
+                    await nursery.start(supervised, "prefetcher", prefetcher.run)
+                    await nursery.start(supervised, "keep-warm", hub.keep_warm,
+                                        prefetcher.warm_connections,
+                                        cfg.prefetch.warm_interval_s)
                 await pyfuse3.main(min_tasks=2, max_tasks=cfg.fuse_max_tasks)
                 with trio.move_on_after(_FLUSH_AT_EXIT_S):
                     await cache.flush()  # keep what was fetched but not yet stored
