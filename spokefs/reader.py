@@ -10,14 +10,21 @@ A small file (up to ``small_file_bytes``) is fetched whole on its first miss: on
 instead of one per kernel read; one that belongs in a pack (``wire.packable``) comes with
 its pack (``fetcher.demand_pack``), so each small file has one URL for a regional cache.
 
-A read that misses waits at most ``deadline_s`` (the hub deadline) in all, then fails with
-``HubUnavailable`` (EIO): waiting for someone else's fetch of the same chunk (a prefetch) that
-then fails does not start a whole new deadline for the read's own fetch.
+Deadline. A read that misses waits at most ``deadline_s`` (the hub deadline) in all, then
+fails with ``HubUnavailable`` (EIO): waiting for someone else's fetch of the same chunk (a
+prefetch) that then fails does not start a whole new deadline for the read's own fetch. When
+a read fails, the kernel asks again at once (its read-ahead failed, so it reads the first
+page itself, and a large read may take a third request): a read of the same file version
+that starts within one more deadline of a failed one gets only ``_RETRY_SHARE`` of a
+deadline, enough to reach a hub that is back, so one ``read(2)`` fails within about 1.2
+deadlines while the hub is away, not one deadline per kernel request. A read that starts
+later gets a whole deadline of its own again.
 """
 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -34,6 +41,12 @@ from spokefs.types import FileVersion
 
 if TYPE_CHECKING:
     from spokefs.prefetcher import Prefetcher
+
+_FAILING_KEPT = 4096  # file versions whose reads are failing, remembered (a few hundred KiB)
+# A retry of a failed read gets this share of the deadline: the kernel retries up to twice,
+# so a read(2) fails within 1.2 deadlines; a hub back by then answers well within it (a
+# 60 s deadline gives 6 s, several round trips of even a 900 ms link).
+_RETRY_SHARE = 0.1
 
 
 @dataclass(slots=True, eq=False)
@@ -89,6 +102,8 @@ class Reader:
         self._prefetcher = prefetcher
         self._small = small_file_bytes
         self._deadline_s = deadline_s  # None: only the hub client's own deadlines apply
+        # file version -> when its last read that failed began (see "Deadline")
+        self._failing: OrderedDict[tuple[int, int], float] = OrderedDict()
 
     def open(self, fv: FileVersion, parent_id: int) -> Stream:
         """A stream for a newly opened handle (the prefetcher also learns of the open)."""
@@ -158,12 +173,34 @@ class Reader:
     async def _fill_within_deadline(
         self, stream: Stream, offset: int, end: int, missing: list[int]
     ) -> bytes:
+        """``_fill`` within the deadline; for a retry of a read that failed, the deadline of
+        that read (see the module docstring, "Deadline")."""
         if self._deadline_s is None:
             return await self._fill(stream, offset, end, missing)
-        with trio.move_on_after(self._deadline_s):
-            return await self._fill(stream, offset, end, missing)
+        key = (stream.fv.file_id, stream.fv.version)
+        now = trio.current_time()
+        started = self._failing.get(key)
+        if started is None or now - started > 2 * self._deadline_s:
+            started, until = now, now + self._deadline_s  # no failure just now
+        else:  # a retry: long enough to reach a hub that is back, short if it is not
+            until = now + self._deadline_s * _RETRY_SHARE
+        with trio.move_on_at(until):
+            try:
+                data = await self._fill(stream, offset, end, missing)
+            except HubUnavailable:  # the hub client's own deadline, as a rule
+                self._note_failing(key, started)
+                raise
+            self._failing.pop(key, None)
+            return data
+        self._note_failing(key, started)
         raise HubUnavailable(f"blocks not fetched within the hub deadline "
                              f"({self._deadline_s:g}s)")
+
+    def _note_failing(self, key: tuple[int, int], started: float) -> None:
+        self._failing[key] = started
+        self._failing.move_to_end(key)
+        while len(self._failing) > _FAILING_KEPT:
+            self._failing.popitem(last=False)
 
     async def _fill(self, stream: Stream, offset: int, end: int, missing: list[int]) -> bytes:
         """Fetch (or wait for others' fetches of) the missing blocks, then read again."""

@@ -489,3 +489,27 @@ def test_cache_on_a_full_disk_degrades_and_reads_stay_exact(tmp_path, tiny_fs, h
     figures("full_disk", reads=tally.reads, bytes_verified=tally.bytes_verified,
             write_errors=int(m.get("spokefs_cache_write_errors_total", 0)),
             fs_free_bytes=free.f_bavail * free.f_frsize, wrong_bytes=len(tally.wrong))
+
+
+@pytest.mark.parametrize("open_mode", ["kernel", "handle"])
+def test_uncached_read_with_the_hub_down_fails_within_the_deadline(tmp_path, hub_factory,
+                                                                   mount_factory, open_mode):
+    """The hub killed, an uncached 8 MiB file read whole (1 MiB reads, as ``cat`` does):
+    EIO within 2.2 x ``--hub-deadline``, though the kernel sends several FUSE reads for it
+    (read-ahead, then the page itself); README "Reliability" states the multiple."""
+    deadline_s = 5.0
+    src = tmp_path / "src"
+    write_random(src / "big.bin", random.Random(11), 8 * MiB)
+    hub = hub_factory(root=src)
+    spoke = mount_factory(hub.url, "--hub-deadline", str(deadline_s), "--open-mode", open_mode)
+    assert hub.stop() is not None
+    started = time.monotonic()
+    with pytest.raises(OSError) as exc, open(spoke.mnt / "big.bin", "rb") as f:
+        while f.read(MiB):
+            pass
+    seconds = time.monotonic() - started
+    assert exc.value.errno == errno.EIO, exc.value
+    assert seconds <= 2.2 * deadline_s, seconds
+    # a later read (past one more deadline) tries the hub afresh, and fails the same way
+    figures(f"uncached_read_hub_down_{open_mode}", deadline_s=deadline_s,
+            eio_after_s=f"{seconds:.1f}", multiple=f"{seconds / deadline_s:.2f}")
