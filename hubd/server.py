@@ -9,11 +9,13 @@ SIGTERM/SIGINT -> rescanner cancelled (its scan thread joined) -> runner cleanup
 (in-flight answers get a few seconds). SIGHUP never stops hubd: from the start it only
 asks for a rescan (one that comes during the first scan causes a rescan right after it).
 
-With ``cfg.tls`` the site serves HTTPS and the readiness line says ``https://``. Requests
-that aiohttp's parser rejects (malformed or oversized lines, bad methods or versions) are
-answered 400 by aiohttp and logged by ``ClientErrorFilter`` as one DEBUG line, not as an
-ERROR with a traceback: they are the client's fault, and a flood of them must not flood
-the log.
+The listening socket is served by ``loop.create_server`` with hubd's own protocol factory
+(aiohttp's ``AppRunner`` runs the app, its start-up and clean-up, but no site): each
+connection is a ``malformed.HubRequestHandler``. With ``cfg.tls`` it serves HTTPS and the
+readiness line says ``https://``. Requests that aiohttp's parser rejects (malformed or
+oversized lines, bad methods or versions) get a fixed 400 ``malformed-request`` that quotes
+nothing and one DEBUG line, not an ERROR with a traceback: they are the client's fault, and
+a flood of them must not flood the log.
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ import sys
 import threading
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 
 from hubd.app import make_app
 from hubd.config import HubConfig
 from hubd.errors import StartupError
 from hubd.export_root import ExportRoot, ScanCancelled
+from hubd.malformed import HubRequestHandler, install_log_filters
 from hubd.metrics import HubMetrics
 from hubd.rescanner import Rescanner
 from hubd.s3.bucket import BucketExport
@@ -149,12 +151,22 @@ async def _serve_until(stop: asyncio.Event, hup: asyncio.Event, cfg: HubConfig,
     # keepalive_timeout: aiohttp arms it when a connection opens and after each answer and
     # closes the connection if no whole request header has arrived by then, so it is also
     # the bound on a client that sends its header slowly.
-    runner = web.AppRunner(app, handle_signals=False, access_log=access_log,
-                           shutdown_timeout=SHUTDOWN_GRACE_S,
-                           keepalive_timeout=cfg.idle_timeout_s, lingering_time=LINGER_S)
+    handler_args = {"access_log": access_log, "keepalive_timeout": cfg.idle_timeout_s,
+                    "lingering_time": LINGER_S}
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S,
+                           **handler_args)
     await runner.setup()
+    server = runner.server
+    assert server is not None  # set by setup()
+    loop = asyncio.get_running_loop()
+    listener: asyncio.Server | None = None
     try:
-        await web.SockSite(runner, sock, backlog=LISTEN_BACKLOG, ssl_context=cfg.tls).start()
+        # What web.SockSite does, with hubd's handler class: aiohttp's Server builds plain
+        # RequestHandlers. Each handler registers with ``server``, which closes them on
+        # runner.cleanup().
+        listener = await loop.create_server(
+            lambda: HubRequestHandler(server, loop=loop, **handler_args), sock=sock,
+            ssl=cfg.tls, backlog=LISTEN_BACKLOG)
         log.info("config: %r", cfg)  # the token and TLS fields are repr=False
         first = export.state.snapshot
         url = url_of(cfg.host, sock, tls=cfg.tls is not None)
@@ -171,36 +183,9 @@ async def _serve_until(stop: asyncio.Event, hup: asyncio.Event, cfg: HubConfig,
             log.info("signal received: shutting down")
             rescans.cancel()
     finally:
+        if listener is not None:
+            listener.close()  # accept no more; runner.cleanup() ends the connections
         await runner.cleanup()
-
-
-class ClientErrorFilter(logging.Filter):
-    """On ``aiohttp.server``: a request the parser rejected becomes one DEBUG line.
-
-    aiohttp logs "Error handling request" with a traceback at ERROR for every malformed
-    request. When the exception is an ``HttpProcessingError`` (a 4xx the client caused),
-    the record is rewritten to DEBUG without the traceback and without the bytes aiohttp
-    quotes (they may hold a header and its secret), and dropped unless DEBUG is on.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if not isinstance(exc, HttpProcessingError):
-            return True
-        # Only the reason, never the quoted bytes (which may hold a header, a token).
-        reason = " ".join(str(exc.message).split(":", 1)[0].split())[:100]
-        record.msg = "rejected a malformed request (%d): %s"
-        record.args = (exc.code, reason)
-        record.exc_info = None
-        record.exc_text = None
-        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-        return log.isEnabledFor(logging.DEBUG)
-
-
-def install_log_filters() -> None:
-    server_log = logging.getLogger("aiohttp.server")
-    if not any(isinstance(f, ClientErrorFilter) for f in server_log.filters):
-        server_log.addFilter(ClientErrorFilter())
 
 
 def announce(line: str) -> None:
