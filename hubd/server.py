@@ -1,17 +1,21 @@
 """hubd's lifecycle: open ROOT, bind, first scan, serve until SIGTERM/SIGINT, tear down.
 
-Order (teardown reverses it): signal handlers -> ROOT's fd (for ``s3://``: the S3 client
+Order (teardown reverses it): signal handlers -> the soft file descriptor limit raised to
+the hard one (``fd_limit``) -> ROOT's fd (for ``s3://``: the S3 client
 and its connection pool) -> listening socket -> first scan (in a thread, abandoned cleanly
 if a signal comes first; for a bucket, the first listing, where wrong keys, a denied
-listing or an unknown bucket end hubd with one line) -> aiohttp runner and site ->
-readiness line on stdout -> the rescanner task (timer and SIGHUP) -> wait for
+listing or an unknown bucket end hubd with one line) -> aiohttp runner -> the loop's
+exception handler for failed accept() calls (``accept_errors``) -> the server on the
+listening socket -> readiness line on stdout -> the rescanner task (timer and SIGHUP) -> wait for
 SIGTERM/SIGINT -> rescanner cancelled (its scan thread joined) -> runner cleanup
 (in-flight answers get a few seconds). SIGHUP never stops hubd: from the start it only
 asks for a rescan (one that comes during the first scan causes a rescan right after it).
 
 The listening socket is served by ``loop.create_server`` with hubd's own protocol factory
 (aiohttp's ``AppRunner`` runs the app, its start-up and clean-up, but no site): each
-connection is a ``malformed.HubRequestHandler``. With ``cfg.tls`` it serves HTTPS and the
+connection is a ``malformed.HubRequestHandler``, counted by a ``conn_limit.ConnectionLimit``
+that closes at once any connection over ``fd_limit.connection_cap`` (so a crowd of clients
+cannot take the descriptors reads and the scan need). With ``cfg.tls`` it serves HTTPS and the
 readiness line says ``https://``. Requests that aiohttp's parser rejects (malformed or
 oversized lines, bad methods or versions) get a fixed 400 ``malformed-request`` that quotes
 nothing and one DEBUG line, not an ERROR with a traceback: they are the client's fault, and
@@ -30,10 +34,13 @@ import threading
 
 from aiohttp import web
 
+from hubd.accept_errors import AcceptErrorHandler
 from hubd.app import make_app
 from hubd.config import HubConfig
+from hubd.conn_limit import ConnectionLimit
 from hubd.errors import StartupError
 from hubd.export_root import ExportRoot, ScanCancelled
+from hubd.fd_limit import connection_cap, raise_nofile_limit
 from hubd.malformed import HubRequestHandler, install_log_filters
 from hubd.metrics import HubMetrics
 from hubd.rescanner import Rescanner
@@ -65,12 +72,13 @@ async def serve(cfg: HubConfig) -> int:
     hup = asyncio.Event()
     loop.add_signal_handler(signal.SIGHUP, hup.set)
     install_log_filters()
+    nofile = raise_nofile_limit()
     async with contextlib.AsyncExitStack() as stack:
         export = await _open_source(cfg, stack)
         stack.callback(export.close)
         with bind(cfg.host, cfg.port) as sock:
             if await _first_scan(export, stop):
-                await _serve_until(stop, hup, cfg, export, sock)
+                await _serve_until(stop, hup, cfg, export, sock, nofile)
     log.info("stopped")
     return 0
 
@@ -142,7 +150,8 @@ async def _first_scan(export: Export, stop: asyncio.Event) -> bool:
 
 
 async def _serve_until(stop: asyncio.Event, hup: asyncio.Event, cfg: HubConfig,
-                       export: Export, sock: socket.socket) -> None:
+                       export: Export, sock: socket.socket, nofile: int) -> None:
+    """Serve on ``sock`` until ``stop``; ``nofile`` is the soft file descriptor limit."""
     metrics = HubMetrics()
     metrics.observe_snapshot(export.state.snapshot)
     metrics.observe_rescan(export.last_rescan)
@@ -155,18 +164,23 @@ async def _serve_until(stop: asyncio.Event, hup: asyncio.Event, cfg: HubConfig,
                     "lingering_time": LINGER_S}
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S,
                            **handler_args)
+    limit = ConnectionLimit(connection_cap(nofile, cfg.max_concurrent_reads), metrics)
+    log.info("at most %d connections at once (file descriptor limit %d; the other %d are for "
+             "files being read, the scan and the rest)", limit.cap, nofile, nofile - limit.cap)
     await runner.setup()
     server = runner.server
     assert server is not None  # set by setup()
     loop = asyncio.get_running_loop()
+    accept_errors = AcceptErrorHandler(metrics)
+    accept_errors.install(loop)
     listener: asyncio.Server | None = None
     try:
-        # What web.SockSite does, with hubd's handler class: aiohttp's Server builds plain
-        # RequestHandlers. Each handler registers with ``server``, which closes them on
-        # runner.cleanup().
+        # What web.SockSite does, with hubd's handler class (aiohttp's Server builds plain
+        # RequestHandlers) behind the connection limit. Each handler registers with
+        # ``server``, which closes them on runner.cleanup().
         listener = await loop.create_server(
-            lambda: HubRequestHandler(server, loop=loop, **handler_args), sock=sock,
-            ssl=cfg.tls, backlog=LISTEN_BACKLOG)
+            limit.factory(lambda: HubRequestHandler(server, loop=loop, **handler_args)),
+            sock=sock, ssl=cfg.tls, backlog=LISTEN_BACKLOG)
         log.info("config: %r", cfg)  # the token and TLS fields are repr=False
         first = export.state.snapshot
         url = url_of(cfg.host, sock, tls=cfg.tls is not None)
@@ -185,6 +199,7 @@ async def _serve_until(stop: asyncio.Event, hup: asyncio.Event, cfg: HubConfig,
     finally:
         if listener is not None:
             listener.close()  # accept no more; runner.cleanup() ends the connections
+            accept_errors.listener_closed()
         await runner.cleanup()
 
 
