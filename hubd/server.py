@@ -53,9 +53,10 @@ log = logging.getLogger(__name__)
 
 LISTEN_BACKLOG = 1024  # many spokes connect at once after a job starts
 SHUTDOWN_GRACE_S = 5.0  # in-flight answers get this long after SIGTERM
-# After an answer to a request whose body was not read (a 408 to a slow pack body, an
-# error before the body), aiohttp keeps reading and dropping the body this long so the
-# client sees the answer before the close; its default, 10 s, lets a slow client hold on.
+# After an answer to a request whose body was not read (no v2 route reads one: a v1
+# spoke's POST /v1/pack gets 400 protocol-version, a 401 comes before any body), aiohttp
+# keeps reading and dropping the body this long so the client sees the answer before the
+# close; its default, 10 s, lets a slow client hold on.
 LINGER_S = 2.0
 
 
