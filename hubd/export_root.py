@@ -161,7 +161,8 @@ class ExportRoot:
 
         Raises:
             ScanCancelled: ``cancel`` was set; nothing changed.
-            OSError: ROOT itself cannot be read; nothing changed.
+            OSError: ROOT itself cannot be read, or the process is out of file descriptors
+                or memory (``scan.PROCESS_ERRNOS``); nothing changed.
         """
         with self._scan_lock:
             start = time.perf_counter()
