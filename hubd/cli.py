@@ -105,12 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="file holding a bearer token that clients must send")
     srv.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
                      help="default: INFO")
-    mib = wire.MAX_RANGE_BYTES >> 20
+    mib = wire.PACK_MAX_BYTES / (1 << 20)
     srv.add_argument("--max-concurrent-reads", type=_positive, default=DEFAULT_CONCURRENT_READS,
                      metavar="N",
                      help=f"range and pack reads in flight, 1-4096; read buffers stay under "
-                          f"N x {mib} MiB (about N x 4 MiB with spokes' requests); default: "
-                          f"{DEFAULT_CONCURRENT_READS}")
+                          f"N x {mib:g} MiB (a read holds one pack or one 1 MiB slice of a "
+                          f"blob at a time, whatever the range; from a bucket up to 8 MiB); "
+                          f"default: {DEFAULT_CONCURRENT_READS}")
     srv.add_argument("--read-wait", type=_timeout, default=DEFAULT_READ_WAIT_S,
                      metavar="SECONDS",
                      help="a request waits this long for a read slot, then gets 503 and the "

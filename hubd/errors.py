@@ -28,6 +28,14 @@ class HubError(Exception):
         self.headers = dict(headers or {})
 
 
+class MalformedRequest(HubError):
+    """aiohttp's parser rejected the request (its line, a header, its framing); the answer
+    quotes none of it (``malformed.HubRequestHandler``)."""
+
+    status = 400
+    reason = "malformed-request"
+
+
 class BadId(HubError):
     """A file id or version in the URL is not 16 lowercase hex digits."""
 

@@ -50,6 +50,7 @@ import xxhash
 
 from hubd.changes import Diff, History, diff
 from hubd.errors import Forbidden, ReadFailed, StaleVersion, UnknownFile
+from hubd.log_rate import LogEveryPerKey, since_last
 from hubd.scan import ScanCancelled, file_id_of, scan, version_of
 from hubd.snapshot import IdCollision, Snapshot, Table, TableBuilder
 
@@ -57,6 +58,7 @@ __all__ = ["ExportRoot", "ExportState", "Rescan", "ScanCancelled", "Snapshot", "
            "generation_of", "next_generation", "version_of"]
 
 log = logging.getLogger(__name__)
+_OPEN_FAILURE_LINES = LogEveryPerKey()
 
 # O_PATH: traversal needs no read permission and gives no access to the directory's data.
 _WALK_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -159,7 +161,8 @@ class ExportRoot:
 
         Raises:
             ScanCancelled: ``cancel`` was set; nothing changed.
-            OSError: ROOT itself cannot be read; nothing changed.
+            OSError: ROOT itself cannot be read, or the process is out of file descriptors
+                or memory (``scan.PROCESS_ERRNOS``); nothing changed.
         """
         with self._scan_lock:
             start = time.perf_counter()
@@ -306,5 +309,9 @@ def _open_error(exc: OSError) -> Exception:
         return StaleVersion("the path changed on disk since the snapshot")
     if exc.errno in (errno.EACCES, errno.EPERM):
         return Forbidden("permission denied")
-    log.warning("open failed: %s", exc.strerror)
+    # One line a minute per errno: out of descriptors (or a failing disk), every request
+    # fails alike, and each is already answered 503 and counted in hubd_requests_total.
+    count = _OPEN_FAILURE_LINES.occurred(exc.errno)
+    if count:
+        log.warning("open failed: %s%s", exc.strerror, since_last(count, "failed opens"))
     return ReadFailed(f"open failed: {exc.strerror}")

@@ -45,6 +45,12 @@ class HubMetrics:
         scan_seconds: hubd_scan_seconds, duration of the last scan (walk, diff, encoding).
         rescans: hubd_rescans_total{result}: ``changed`` (a new generation), ``unchanged``,
             ``failed``.
+        connections_open: hubd_connections_open, connections counted by the
+            ``conn_limit.ConnectionLimit`` (set by it).
+        connections_refused: hubd_connections_refused_total, connections closed unanswered
+            because the limit was reached.
+        accept_failures: hubd_accept_failures_total{reason}, accept() calls that failed for
+            want of descriptors (``emfile``, ``enfile``) or memory (``enobufs``, ``enomem``).
         s3_*: only for a bucket export (``watch_bucket``): hubd_s3_skipped_keys{reason},
             keys of the latest listing that are no POSIX path; hubd_s3_requests,
             hubd_s3_retries, hubd_s3_list_pages, hubd_s3_get_bytes: the S3 client's
@@ -79,6 +85,18 @@ class HubMetrics:
                                   registry=reg)
         self.rescans = Counter("hubd_rescans", "Rescans, by result (changed, unchanged, failed)",
                                ["result"], registry=reg)
+        self.connections_open = Gauge("hubd_connections_open", "Client connections open",
+                                      registry=reg)
+        self.connections_refused = Counter(
+            "hubd_connections_refused",
+            "Connections closed unanswered: as many open as file descriptors allow",
+            registry=reg)
+        self.accept_failures = Counter(
+            "hubd_accept_failures",
+            "accept() calls that failed, by errno (emfile, enfile: out of file descriptors)",
+            ["reason"], registry=reg)
+        for reason in ("emfile", "enfile", "enobufs", "enomem"):  # shown at 0 from the start
+            self.accept_failures.labels(reason=reason)
 
     def watch_bucket(self, export: BucketExport) -> None:
         """Export a bucket's listing and S3 client figures (read when scraped)."""

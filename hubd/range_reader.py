@@ -42,10 +42,12 @@ from hubd.errors import (
 )
 from hubd.export_root import ExportRoot, version_of
 from hubd.framed import FramedBlob, FramedRange, PackPlans, pread_exact
+from hubd.log_rate import LogEveryPerKey, since_last
 from hubd.read_slots import ReadSlots
 from hubd.snapshot import Snapshot
 
 log = logging.getLogger(__name__)
+_READ_FAILURE_LINES = LogEveryPerKey()
 
 T = TypeVar("T")
 
@@ -204,7 +206,9 @@ class RangeReader:
         try:
             return await loop.run_in_executor(self._executor, fn, *args)
         except OSError as exc:
-            log.warning("read failed: %s", exc.strerror)
+            count = _READ_FAILURE_LINES.occurred(exc.errno)  # one a minute per errno
+            if count:
+                log.warning("read failed: %s%s", exc.strerror, since_last(count, "failures"))
             raise ReadFailed(f"read failed: {exc.strerror}") from None
 
     def _open_framed_sync(self, snap: Snapshot, file_id: int, version: int,

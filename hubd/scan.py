@@ -18,12 +18,17 @@ Invariants:
   each directory is opened relative to its parent's fd with ``O_NOFOLLOW`` and its identity
   checked with fstat, so a directory swapped for a symlink mid-scan is skipped, not followed.
 - Each directory's children are added as one block, right after ``open_block``.
+- An entry that cannot be listed, opened or stat'ed is left out with a warning, except
+  when the error is the process's, not the entry's (out of file descriptors or memory:
+  ``PROCESS_ERRNOS``): then the scan fails, so no snapshot ever lacks entries that are
+  there, and the previous snapshot stays until the next rescan.
 
 Threads: ``scan`` blocks; it runs in a worker thread.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -47,6 +52,11 @@ _NLINK_MAX = 2**32 - 1  # the wire field is a uint32
 # A scan holds one fd per directory level; 256 stays far below the usual 1024-fd soft limit
 # and far above any real dataset's depth.
 MAX_DEPTH = 256
+
+# Errors that say nothing about the entry: leaving it out would publish a snapshot without
+# it, and spokes would see it deleted (a burst of connections can take every descriptor
+# for a moment).
+PROCESS_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 
 _SCAN_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SKIPPED_KINDS = {
@@ -149,6 +159,8 @@ class _Walk:
                     if child is not None and child[1] in self._dirs:
                         subdirs.append(child)
         except OSError as exc:
+            if exc.errno in PROCESS_ERRNOS:
+                raise
             log.warning("cannot list %s: %s (skipped)", self._show(dir_id), exc.strerror)
         return subdirs
 
@@ -162,6 +174,8 @@ class _Walk:
         except FileNotFoundError:  # removed while we listed: simply not in this snapshot
             return None
         except OSError as exc:
+            if exc.errno in PROCESS_ERRNOS:
+                raise
             log.warning("cannot stat %s: %s (skipped)", self._show(dir_id, name), exc.strerror)
             return None
         if kind not in (stat.S_IFDIR, stat.S_IFREG, stat.S_IFLNK):
@@ -214,6 +228,8 @@ class _Walk:
         try:
             fd = os.open(name, _SCAN_DIR_FLAGS, dir_fd=parent_fd)
         except OSError as exc:
+            if exc.errno in PROCESS_ERRNOS:
+                raise
             log.warning("cannot open %s: %s (not listed)", self._show(dir_id), exc.strerror)
             return None
         st = os.fstat(fd)

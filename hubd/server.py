@@ -1,19 +1,25 @@
 """hubd's lifecycle: open ROOT, bind, first scan, serve until SIGTERM/SIGINT, tear down.
 
-Order (teardown reverses it): signal handlers -> ROOT's fd (for ``s3://``: the S3 client
+Order (teardown reverses it): signal handlers -> the soft file descriptor limit raised to
+the hard one (``fd_limit``) -> ROOT's fd (for ``s3://``: the S3 client
 and its connection pool) -> listening socket -> first scan (in a thread, abandoned cleanly
 if a signal comes first; for a bucket, the first listing, where wrong keys, a denied
-listing or an unknown bucket end hubd with one line) -> aiohttp runner and site ->
-readiness line on stdout -> the rescanner task (timer and SIGHUP) -> wait for
+listing or an unknown bucket end hubd with one line) -> aiohttp runner -> the loop's
+exception handler for failed accept() calls (``accept_errors``) -> the server on the
+listening socket -> readiness line on stdout -> the rescanner task (timer and SIGHUP) -> wait for
 SIGTERM/SIGINT -> rescanner cancelled (its scan thread joined) -> runner cleanup
 (in-flight answers get a few seconds). SIGHUP never stops hubd: from the start it only
 asks for a rescan (one that comes during the first scan causes a rescan right after it).
 
-With ``cfg.tls`` the site serves HTTPS and the readiness line says ``https://``. Requests
-that aiohttp's parser rejects (malformed or oversized lines, bad methods or versions) are
-answered 400 by aiohttp and logged by ``ClientErrorFilter`` as one DEBUG line, not as an
-ERROR with a traceback: they are the client's fault, and a flood of them must not flood
-the log.
+The listening socket is served by ``loop.create_server`` with hubd's own protocol factory
+(aiohttp's ``AppRunner`` runs the app, its start-up and clean-up, but no site): each
+connection is a ``malformed.HubRequestHandler``, counted by a ``conn_limit.ConnectionLimit``
+that closes at once any connection over ``fd_limit.connection_cap`` (so a crowd of clients
+cannot take the descriptors reads and the scan need). With ``cfg.tls`` it serves HTTPS and the
+readiness line says ``https://``. Requests that aiohttp's parser rejects (malformed or
+oversized lines, bad methods or versions) get a fixed 400 ``malformed-request`` that quotes
+nothing and one DEBUG line, not an ERROR with a traceback: they are the client's fault, and
+a flood of them must not flood the log.
 """
 
 from __future__ import annotations
@@ -27,12 +33,15 @@ import sys
 import threading
 
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 
+from hubd.accept_errors import AcceptErrorHandler
 from hubd.app import make_app
 from hubd.config import HubConfig
+from hubd.conn_limit import ConnectionLimit
 from hubd.errors import StartupError
 from hubd.export_root import ExportRoot, ScanCancelled
+from hubd.fd_limit import connection_cap, raise_nofile_limit
+from hubd.malformed import HubRequestHandler, install_log_filters
 from hubd.metrics import HubMetrics
 from hubd.rescanner import Rescanner
 from hubd.s3.bucket import BucketExport
@@ -44,9 +53,10 @@ log = logging.getLogger(__name__)
 
 LISTEN_BACKLOG = 1024  # many spokes connect at once after a job starts
 SHUTDOWN_GRACE_S = 5.0  # in-flight answers get this long after SIGTERM
-# After an answer to a request whose body was not read (a 408 to a slow pack body, an
-# error before the body), aiohttp keeps reading and dropping the body this long so the
-# client sees the answer before the close; its default, 10 s, lets a slow client hold on.
+# After an answer to a request whose body was not read (no v2 route reads one: a v1
+# spoke's POST /v1/pack gets 400 protocol-version, a 401 comes before any body), aiohttp
+# keeps reading and dropping the body this long so the client sees the answer before the
+# close; its default, 10 s, lets a slow client hold on.
 LINGER_S = 2.0
 
 
@@ -63,12 +73,13 @@ async def serve(cfg: HubConfig) -> int:
     hup = asyncio.Event()
     loop.add_signal_handler(signal.SIGHUP, hup.set)
     install_log_filters()
+    nofile = raise_nofile_limit()
     async with contextlib.AsyncExitStack() as stack:
         export = await _open_source(cfg, stack)
         stack.callback(export.close)
         with bind(cfg.host, cfg.port) as sock:
             if await _first_scan(export, stop):
-                await _serve_until(stop, hup, cfg, export, sock)
+                await _serve_until(stop, hup, cfg, export, sock, nofile)
     log.info("stopped")
     return 0
 
@@ -140,7 +151,8 @@ async def _first_scan(export: Export, stop: asyncio.Event) -> bool:
 
 
 async def _serve_until(stop: asyncio.Event, hup: asyncio.Event, cfg: HubConfig,
-                       export: Export, sock: socket.socket) -> None:
+                       export: Export, sock: socket.socket, nofile: int) -> None:
+    """Serve on ``sock`` until ``stop``; ``nofile`` is the soft file descriptor limit."""
     metrics = HubMetrics()
     metrics.observe_snapshot(export.state.snapshot)
     metrics.observe_rescan(export.last_rescan)
@@ -149,12 +161,27 @@ async def _serve_until(stop: asyncio.Event, hup: asyncio.Event, cfg: HubConfig,
     # keepalive_timeout: aiohttp arms it when a connection opens and after each answer and
     # closes the connection if no whole request header has arrived by then, so it is also
     # the bound on a client that sends its header slowly.
-    runner = web.AppRunner(app, handle_signals=False, access_log=access_log,
-                           shutdown_timeout=SHUTDOWN_GRACE_S,
-                           keepalive_timeout=cfg.idle_timeout_s, lingering_time=LINGER_S)
+    handler_args = {"access_log": access_log, "keepalive_timeout": cfg.idle_timeout_s,
+                    "lingering_time": LINGER_S}
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S,
+                           **handler_args)
+    limit = ConnectionLimit(connection_cap(nofile, cfg.max_concurrent_reads), metrics)
+    log.info("at most %d connections at once (file descriptor limit %d; the other %d are for "
+             "files being read, the scan and the rest)", limit.cap, nofile, nofile - limit.cap)
     await runner.setup()
+    server = runner.server
+    assert server is not None  # set by setup()
+    loop = asyncio.get_running_loop()
+    accept_errors = AcceptErrorHandler(metrics)
+    accept_errors.install(loop)
+    listener: asyncio.Server | None = None
     try:
-        await web.SockSite(runner, sock, backlog=LISTEN_BACKLOG, ssl_context=cfg.tls).start()
+        # What web.SockSite does, with hubd's handler class (aiohttp's Server builds plain
+        # RequestHandlers) behind the connection limit. Each handler registers with
+        # ``server``, which closes them on runner.cleanup().
+        listener = await loop.create_server(
+            limit.factory(lambda: HubRequestHandler(server, loop=loop, **handler_args)),
+            sock=sock, ssl=cfg.tls, backlog=LISTEN_BACKLOG)
         log.info("config: %r", cfg)  # the token and TLS fields are repr=False
         first = export.state.snapshot
         url = url_of(cfg.host, sock, tls=cfg.tls is not None)
@@ -171,36 +198,10 @@ async def _serve_until(stop: asyncio.Event, hup: asyncio.Event, cfg: HubConfig,
             log.info("signal received: shutting down")
             rescans.cancel()
     finally:
+        if listener is not None:
+            listener.close()  # accept no more; runner.cleanup() ends the connections
+            accept_errors.listener_closed()
         await runner.cleanup()
-
-
-class ClientErrorFilter(logging.Filter):
-    """On ``aiohttp.server``: a request the parser rejected becomes one DEBUG line.
-
-    aiohttp logs "Error handling request" with a traceback at ERROR for every malformed
-    request. When the exception is an ``HttpProcessingError`` (a 4xx the client caused),
-    the record is rewritten to DEBUG without the traceback and without the bytes aiohttp
-    quotes (they may hold a header and its secret), and dropped unless DEBUG is on.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        if not isinstance(exc, HttpProcessingError):
-            return True
-        # Only the reason, never the quoted bytes (which may hold a header, a token).
-        reason = " ".join(str(exc.message).split(":", 1)[0].split())[:100]
-        record.msg = "rejected a malformed request (%d): %s"
-        record.args = (exc.code, reason)
-        record.exc_info = None
-        record.exc_text = None
-        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-        return log.isEnabledFor(logging.DEBUG)
-
-
-def install_log_filters() -> None:
-    server_log = logging.getLogger("aiohttp.server")
-    if not any(isinstance(f, ClientErrorFilter) for f in server_log.filters):
-        server_log.addFilter(ClientErrorFilter())
 
 
 def announce(line: str) -> None:

@@ -2,8 +2,9 @@
 
 - ``tree`` / ``module_tree``: the awkward test tree (odd names, links, a fifo, an empty file,
   a sparse file just over ``MAX_RANGE_BYTES``) plus a directory outside ROOT.
-- ``start_hub(root, *args) -> Hub``: a real ``python -m hubd serve`` child on 127.0.0.1:0,
-  ready when it returns; every hub gets SIGTERM at teardown and must then exit 0.
+- ``start_hub(root, *args, preexec_fn=None) -> Hub``: a real ``python -m hubd serve`` child
+  on 127.0.0.1:0, ready when it returns (``preexec_fn`` runs in the child first, e.g. to
+  lower its limits); every hub gets SIGTERM at teardown and must then exit 0.
 """
 
 from __future__ import annotations
@@ -23,11 +24,14 @@ from tests.hubd.hubd_testlib import Hub, Tree, build_tree, start_hub_process  # 
 
 @pytest.fixture
 def start_hub(tmp_path: Path) -> Iterator[Callable[..., Hub]]:
-    """``start_hub(root, *extra_args) -> Hub``; all hubs stop at teardown and must exit 0."""
+    """``start_hub(root, *extra_args, preexec_fn=None) -> Hub``; all hubs stop at teardown
+    and must exit 0."""
     hubs: list[Hub] = []
 
-    def start(root: Path | bytes, *args: str) -> Hub:
-        hub = start_hub_process(root, tmp_path / f"hubd-{len(hubs)}.err", *args)
+    def start(root: Path | bytes, *args: str,
+              preexec_fn: Callable[[], None] | None = None) -> Hub:
+        hub = start_hub_process(root, tmp_path / f"hubd-{len(hubs)}.err", *args,
+                                preexec_fn=preexec_fn)
         hubs.append(hub)
         return hub
 

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -106,13 +107,18 @@ class Hub:
         return self.proc.returncode
 
 
-def start_hub_process(root: Path | bytes, stderr_path: Path, *args: str) -> Hub:
-    """Start ``python -m hubd serve ROOT --listen 127.0.0.1:0 ARGS`` and wait until ready."""
+def start_hub_process(root: Path | bytes, stderr_path: Path, *args: str,
+                      preexec_fn: Callable[[], None] | None = None) -> Hub:
+    """Start ``python -m hubd serve ROOT --listen 127.0.0.1:0 ARGS`` and wait until ready.
+
+    ``preexec_fn`` runs in the child before hubd (e.g. to lower its resource limits).
+    """
     with open(stderr_path, "wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "hubd", "serve", os.fsdecode(root),
              "--listen", "127.0.0.1:0", *args],
-            stdout=subprocess.PIPE, stderr=err, env=hub_env(), cwd=REPO_ROOT)
+            stdout=subprocess.PIPE, stderr=err, env=hub_env(), cwd=REPO_ROOT,
+            preexec_fn=preexec_fn)
     try:
         line = _wait_ready(proc, stderr_path)
     except BaseException:

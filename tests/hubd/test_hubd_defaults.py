@@ -47,5 +47,5 @@ def test_help_states_the_memory(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "read buffers stay under N x 16 MiB" in out and "default: 256" in out
+    assert "read buffers stay under N x 3.75 MiB" in out and "default: 256" in out
     assert "--read-wait SECONDS" in out

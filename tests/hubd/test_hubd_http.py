@@ -110,6 +110,21 @@ def test_whole_files_without_range_whatever_their_size(served: tuple[Hub, Tree, 
     assert whole.body == framed(bytes(big.size), big.file_id, big.version)
 
 
+def test_a_range_longer_than_max_range_bytes_is_served(served: tuple[Hub, Tree, dict]) -> None:
+    """MAX_RANGE_BYTES bounds what a spoke asks for, not what hubd serves (README, Hostile
+    input): a range of 16 MiB + 1 is streamed like any other."""
+    hub, _, paths = served
+    big = paths[b"big.bin"]
+    want = framed(bytes(big.size), big.file_id, big.version)
+    for rng, start, stop in [(f"bytes=0-{wire.MAX_RANGE_BYTES}", 0, wire.MAX_RANGE_BYTES + 1),
+                             (f"bytes=-{wire.MAX_RANGE_BYTES + 1}",
+                              len(want) - wire.MAX_RANGE_BYTES - 1, len(want))]:
+        answer = blob(hub, big, rng)
+        assert answer.status == 206, answer.status
+        assert answer.header("Content-Range") == f"bytes {start}-{stop - 1}/{len(want)}"
+        assert answer.body == want[start:stop]
+
+
 def test_unsatisfiable_ranges(served: tuple[Hub, Tree, dict]) -> None:
     hub, _, paths = served
     data, empty = paths[b"sub/deeper/data.bin"], paths[b"empty"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -123,6 +124,32 @@ def test_unreadable_directories_are_listed_empty(
     got = paths_of(list(snap.entries))
     assert b"sub/deeper" in got and b"sub/deeper/data.bin" not in got and b"sub/hard2" in got
     assert "cannot open sub/deeper: Permission denied (not listed)" in caplog.messages
+    export.close()
+
+
+@pytest.mark.parametrize("code", [errno.EMFILE, errno.ENFILE])
+def test_out_of_descriptors_fails_the_scan_instead_of_dropping_a_directory(
+        tree: Tree, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """A directory that cannot be opened for want of descriptors is no reason to publish a
+    snapshot without it: the rescan fails and the previous snapshot stays."""
+    export = ExportRoot(str(tree.root))
+    first = export.rescan()
+    (tree.root / "sub" / "deeper" / "new.txt").write_bytes(b"new")  # something to rescan
+    real_open = os.open
+
+    def exhausted_open(path: object, flags: int, *args: object, **kwargs: object) -> int:
+        if path == b"deeper":
+            raise OSError(code, os.strerror(code))
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", exhausted_open)
+    with pytest.raises(OSError) as err:
+        export.rescan()
+    monkeypatch.undo()
+    assert err.value.errno == code
+    assert export.snapshot is first  # unchanged, sub/deeper/data.bin still in it
+    assert b"sub/deeper/data.bin" in paths_of(list(export.snapshot.entries))
+    assert b"sub/deeper/new.txt" in paths_of(list(export.rescan().entries))  # recovered
     export.close()
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import re
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -114,3 +116,58 @@ def test_no_token_in_logs_even_from_malformed_requests(
     assert "rejected a malformed request" in log  # the DEBUG line is there ...
     assert TOKEN not in log and TOKEN[:8] not in log  # ... without what the client sent
     assert "Traceback" not in log
+
+
+MALFORMED = [  # (what, raw request); every one carries the token somewhere
+    ("request line", f"GET /v2/snapshot?t={TOKEN} HTTP/9.9\r\nHost: x\r\n\r\n"),
+    ("method", f"{TOKEN}\x01 /v2/snapshot HTTP/1.1\r\nHost: x\r\n\r\n"),
+    ("control char", f"GET /v2/snapshot HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\x7f"
+                     "\r\n\r\n"),
+    ("space before colon", f"GET /v2/snapshot HTTP/1.1\r\nHost: x\r\nAuthorization : Bearer "
+                           f"{TOKEN}\r\n\r\n"),
+    ("smuggling CL+TE", f"POST /v2/snapshot HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}"
+                        f"\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"),
+    ("smuggling two CLs", f"POST /v2/snapshot HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                          f"Content-Length: 6\r\nAuthorization: Bearer {TOKEN}\r\n\r\n{TOKEN}"),
+    ("obs-fold", f"GET /v2/snapshot HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                 f"X: a\r\n {TOKEN}\r\n\r\n"),
+    ("oversized header", f"GET /v2/snapshot HTTP/1.1\r\nHost: x\r\nX-Big: {TOKEN * 400}\r\n\r\n"),
+    ("oversized line", f"GET /{TOKEN * 400} HTTP/1.1\r\nHost: x\r\n\r\n"),
+    ("bare LF", f"GET /v2/snapshot HTTP/1.1\nHost: x\nAuthorization: Bearer {TOKEN}\n\n"),
+    ("garbage", f"\x16\x03\x01\x00{TOKEN}\r\n\r\n"),
+]
+
+
+def _answer_to(port: int, raw: bytes) -> bytes:
+    """Everything hubd sends back to ``raw`` on a fresh connection, until it closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(raw)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_malformed_requests_get_a_fixed_answer_that_echoes_nothing(
+        tree: Tree, start_hub: StartHub, tmp_path: Path) -> None:
+    """aiohttp's own 400 quoted the offending bytes back (the token with them); hubd's is
+    the same bytes whatever was sent (but the Date), in its usual error shape."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    token_file.chmod(0o600)
+    hub = start_hub(tree.root, "--token-file", str(token_file), "--log-level", "DEBUG")
+    port = int(hub.url.rsplit(":", 1)[1])
+    reference = re.sub(rb"\r\nDate: [^\r]*", b"", _answer_to(port, b"\x00\r\n\r\n"))
+    head, _, body = reference.partition(b"\r\n\r\n")
+    assert re.match(rb"HTTP/1\.[01] 400 ", head), head
+    assert b"\r\nX-Spokefs-Error: malformed-request\r\n" in head + b"\r\n"
+    assert json.loads(body) == {"error": "malformed-request", "detail": "malformed HTTP request"}
+    for what, raw in MALFORMED:
+        answer = _answer_to(port, raw.encode("latin-1"))
+        assert TOKEN.encode() not in answer and TOKEN[:6].encode() not in answer, what
+        assert re.sub(rb"\r\nDate: [^\r]*", b"", answer) == reference, (what, answer)
+    assert hub.request(wire.HEALTH_PATH).status == 200
+    hub.stop()
+    log = hub.stderr()
+    assert log.count("rejected a malformed request") == len(MALFORMED) + 1
+    assert TOKEN[:6] not in log and "Traceback" not in log
