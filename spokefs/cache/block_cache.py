@@ -56,7 +56,9 @@ back to 1.00 in the third epoch over it (LRU: the second).
 Invariants:
 - Every block returned by ``get_blocks`` or ``read`` matched its checksum (the chunk's, when
   most of a chunk is read, else its own); a block that does not is
-  dropped (and counted) and reported missing, so the reader fetches it again.
+  dropped (and counted) and reported missing, so the reader fetches it again; until the drop
+  commits, its chunk does not count as present (``present_chunks_now``, ``has_file``), so a
+  fill (a pack's above all) fetches it instead of trusting its header.
 - ``bytes_used`` (block bytes stored, in the meta record, changed in the same transaction as
   every chunk) is at most ``max_bytes`` after every commit: a fill that crosses it evicts in
   the same transaction down to ``max_bytes`` minus one batch (1/64 of the cache, at most

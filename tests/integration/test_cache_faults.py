@@ -79,6 +79,7 @@ def read_all_bounded(mnt: Path, src: Path, rels: list[Path]) -> dict[str, object
     finish within ``READ_BOUND_S`` fails the test (it is hung)."""
     results: dict[str, str] = {}
     slowest = [0.0]
+    verified = [0]
 
     def run() -> None:
         for rel in rels:
@@ -86,6 +87,7 @@ def read_all_bounded(mnt: Path, src: Path, rels: list[Path]) -> dict[str, object
             try:
                 got = (mnt / rel).read_bytes()
                 results[str(rel)] = "ok" if got == (src / rel).read_bytes() else "wrong"
+                verified[0] += len(got) if results[str(rel)] == "ok" else 0
             except OSError as exc:
                 results[str(rel)] = os.strerror(exc.errno or 0)
             slowest[0] = max(slowest[0], time.monotonic() - started)
@@ -94,7 +96,7 @@ def read_all_bounded(mnt: Path, src: Path, rels: list[Path]) -> dict[str, object
     worker.start()
     worker.join(READ_BOUND_S + len(rels) * 0.5)
     assert not worker.is_alive(), f"a read hung: {len(results)} of {len(rels)} done"
-    return {"results": results, "slowest_s": slowest[0]}
+    return {"results": results, "slowest_s": slowest[0], "bytes": verified[0]}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -211,7 +213,7 @@ def test_corrupt_block_data_of_small_and_large_files_is_refetched(corrupt_src, f
     assert after.get("spokefs_cache_checksum_failures_total", 0) == before
     idle = idle_cpu_share(spoke)
     assert idle < IDLE_MAX_CORES, idle
-    figures("corrupt_data", files=len(rels), corrupted_files=flipped,
+    figures("corrupt_data", files=len(rels), bytes=got["bytes"], corrupted_files=flipped,
             checksum_failures=int(before), log_lines=lines, wrong=0,
             slowest_read_s=f"{got['slowest_s']:.2f}", pass_s=f"{seconds:.1f}",
             idle_cores=f"{idle:.3f}")
@@ -284,7 +286,8 @@ def test_corrupt_chunk_headers_read_exact(corrupt_src, filled_cache, tmp_path):
     m = scrape_metrics(spoke.metrics_port)  # type: ignore[attr-defined]
     assert m.get("spokefs_cache_checksum_failures_total", 0) >= tails, m
     assert log_lines(spoke, "failed their checksum") <= LOG_LINES_PER_MINUTE
-    figures("corrupt_headers", files=len(rels), corrupted_headers=len(victims),
+    figures("corrupt_headers", files=len(rels), bytes=got["bytes"],
+            corrupted_headers=len(victims),
             corrupted_tails=tails,
             checksum_failures=int(m.get("spokefs_cache_checksum_failures_total", 0)), wrong=0,
             slowest_read_s=f"{got['slowest_s']:.2f}")
@@ -313,7 +316,8 @@ def test_cache_corrupted_at_random_offsets_reads_exact_or_eio(corrupt_src, fille
     assert spoke.proc is not None and spoke.proc.poll() is None, spoke.stderr()
     ok = sum(v == "ok" for v in results.values())
     m = scrape_metrics(spoke.metrics_port)  # type: ignore[attr-defined]
-    figures(f"corrupt_random_{seed}", files=len(rels), exact=ok, eio=len(rels) - ok,
+    figures(f"corrupt_random_{seed}", files=len(rels), bytes=got["bytes"], exact=ok,
+            eio=len(rels) - ok,
             checksum_failures=int(m.get("spokefs_cache_checksum_failures_total", 0)),
             set_aside=int(m.get("spokefs_cache_corruptions_total", 0)),
             slowest_read_s=f"{got['slowest_s']:.2f}")
@@ -336,7 +340,8 @@ def test_corrupt_namespace_file_never_hangs(corrupt_src, filled_cache, tmp_path)
     assert "wrong" not in results.values(), results
     assert spoke.proc is not None and spoke.proc.poll() is None, spoke.stderr()
     ok = sum(v == "ok" for v in results.values())
-    figures("corrupt_namespace", files=len(rels), exact=ok, errors=len(rels) - ok,
+    figures("corrupt_namespace", files=len(rels), bytes=got["bytes"], exact=ok,
+            errors=sorted(set(results.values()) - {"ok"}), failed=len(rels) - ok,
             slowest_read_s=f"{got['slowest_s']:.2f}")
 
 
