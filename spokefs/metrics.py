@@ -101,6 +101,10 @@ NAMESPACE_ENTRIES = Gauge("spokefs_namespace_entries", "Entries in the replicate
 NAMESPACE_GENERATION = Gauge("spokefs_namespace_generation", "Generation of the namespace")
 NAMESPACE_BYTES = Gauge("spokefs_namespace_bytes", "Bytes of all files in the namespace")
 REFRESH_ERRORS = Counter("spokefs_namespace_refresh_errors_total", "Failed namespace refreshes")
+NAMESPACE_CORRUPTIONS = Counter(
+    "spokefs_namespace_corruptions_total",
+    "Times the stored namespace no longer matched its digest at a mount (set aside, reloaded)",
+)
 STORE_ERRORS = Counter(
     "spokefs_store_errors_total",
     "Writes to a local store that failed (a full or failing disk): the mount goes on without",

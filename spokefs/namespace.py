@@ -17,8 +17,9 @@ entries are adjacent):
 | info | b"generation" etc.         | values of the loaded snapshot                         |
 
 A snapshot, or a batch of changes, is applied in one write transaction, so a crash leaves
-either the old namespace or the new one, never a mix. Positions only grow: a directory's
-entries keep their readdir offsets across changes, and new names go at the end.
+either the old namespace or the new one, never a mix. Records carry no checksums; a clean
+close seals the file with its digest instead (``namespace_seal``). Positions only grow: a
+directory's entries keep their readdir offsets across changes, and new names go at the end.
 
 Loading a snapshot is a bulk job (``_BulkLoader``): the stream is decoded a step at a time
 into plain tuples and each db gets one ``putmulti`` per step, so a million entries cost a
@@ -46,6 +47,7 @@ from pathlib import Path
 import lmdb
 
 from hubd import wire
+from spokefs import namespace_seal
 from spokefs.errors import NotFound, StoreFailed
 from spokefs.lmdb_env import open_env
 
@@ -199,6 +201,8 @@ class Namespace:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+        namespace_seal.check(path)  # a file changed since its clean close goes aside
         self._env = open_env(path, map_size=_MAP_SIZE, max_dbs=4, readahead=False, lock=True)
         self._attr = self._env.open_db(b"attr")
         self._dent = self._env.open_db(b"dent")
@@ -206,8 +210,13 @@ class Namespace:
         self._info = self._env.open_db(b"info")
         self.info = self._read_info()
 
-    def close(self) -> None:
+    def close(self, *, seal: bool = True) -> None:
+        """Close the environment; ``seal``: note its digest for the next open's check
+        (``namespace_seal``; the loader child, which another process outlives, passes
+        False)."""
         self._env.close()
+        if seal:
+            namespace_seal.seal(self.path)
 
     # -- loading ---------------------------------------------------------------------
 

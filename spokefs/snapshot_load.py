@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
         print(exc, file=sys.stderr)
         return _BAD_SNAPSHOT
     finally:
-        ns.close()
+        ns.close(seal=False)  # the mount's namespace is still open: it seals at its close
     sys.stdout.buffer.write(pickle.dumps(applied, protocol=pickle.HIGHEST_PROTOCOL))
     return 0
 

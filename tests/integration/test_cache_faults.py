@@ -323,13 +323,14 @@ def test_cache_corrupted_at_random_offsets_reads_exact_or_eio(corrupt_src, fille
             slowest_read_s=f"{got['slowest_s']:.2f}")
 
 
-def test_corrupt_namespace_file_never_hangs(corrupt_src, filled_cache, tmp_path):
-    """Bytes flipped at random offsets in the namespace's data.mdb: the remount either
-    refuses with one line or serves; every file read then gives the source's bytes or an
-    errno, and nothing hangs."""
+def test_corrupt_namespace_file_is_set_aside_and_reloaded(corrupt_src, filled_cache, tmp_path):
+    """Bytes flipped at random offsets in the namespace's data.mdb of a cleanly unmounted
+    spoke: the remount sees that the file no longer matches the digest it left, sets it
+    aside and loads a fresh snapshot before it serves, so every file reads back exactly."""
     rnd = random.Random(5)
     rels = files_under(corrupt_src)
     data = tmp_path / "cache" / "namespace" / "data.mdb"
+    assert (data.parent / "clean-digest").exists()
     size = data.stat().st_size
     for _ in range(20):
         flip(data, rnd.randrange(0, size - 16))
@@ -337,12 +338,28 @@ def test_corrupt_namespace_file_never_hangs(corrupt_src, filled_cache, tmp_path)
     got = read_all_bounded(spoke.mnt, corrupt_src, rels)
     results = got["results"]
     assert isinstance(results, dict)
-    assert "wrong" not in results.values(), results
+    bad = {k: v for k, v in results.items() if v != "ok"}
+    assert not bad, bad
     assert spoke.proc is not None and spoke.proc.poll() is None, spoke.stderr()
-    ok = sum(v == "ok" for v in results.values())
-    figures("corrupt_namespace", files=len(rels), bytes=got["bytes"], exact=ok,
-            errors=sorted(set(results.values()) - {"ok"}), failed=len(rels) - ok,
-            slowest_read_s=f"{got['slowest_s']:.2f}")
+    m = scrape_metrics(spoke.metrics_port)  # type: ignore[attr-defined]
+    assert m.get("spokefs_namespace_corruptions_total") == 1, spoke.stderr()
+    assert list(data.parent.glob("data.mdb.corrupt-*")), "set aside"
+    figures("corrupt_namespace", files=len(rels), bytes=got["bytes"], exact=len(rels),
+            set_aside=1, slowest_read_s=f"{got['slowest_s']:.2f}")
+
+
+def test_a_clean_remount_keeps_its_namespace(corrupt_src, filled_cache, tmp_path):
+    """The seal matches after a clean unmount: nothing set aside, no snapshot taken."""
+    spoke = filled_cache()
+    assert (spoke.mnt / files_under(corrupt_src)[0]).exists()
+    m = scrape_metrics(spoke.metrics_port)  # type: ignore[attr-defined]
+    assert m.get("spokefs_namespace_corruptions_total") == 0
+    assert "mounting the stored namespace" in spoke.stderr()
+    unmount_after_flush(spoke)
+    spoke = filled_cache()
+    m = scrape_metrics(spoke.metrics_port)  # type: ignore[attr-defined]
+    assert m.get("spokefs_namespace_corruptions_total") == 0
+    assert not list((tmp_path / "cache" / "namespace").glob("data.mdb.corrupt-*"))
 
 
 def test_an_idle_spoke_uses_almost_no_cpu(corrupt_src, filled_cache):
