@@ -29,6 +29,7 @@ import pytest
 import xxhash
 
 from tests.helpers.procs import SpokeMount, free_port, mount_fails, run_spokefs, scrape_metrics
+from tests.helpers.tmpfs import tmpfs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from longlink import LongLinkProcess
@@ -63,6 +64,12 @@ def corrupt_src(tmp_path: Path) -> Path:
         for i in range(30):
             write_random(src / f"class{d}" / f"img{i:03d}.jpg", rnd, rnd.randrange(KiB, 96 * KiB))
     return src
+
+
+def pick(rels: list[Path], rnd: random.Random, small: int, large: int) -> list[Path]:
+    """``small`` random small files of ``corrupt_src`` and its first ``large`` shards."""
+    smalls = [r for r in rels if r.parts[0] != "shards"]
+    return rnd.sample(smalls, small) + [r for r in rels if r.parts[0] == "shards"][:large]
 
 
 def files_under(root: Path) -> list[Path]:
@@ -127,6 +134,23 @@ def flip(path: Path, offset: int, nbytes: int = 16) -> None:
         f.write(bytes(b ^ 0xFF for b in old))
 
 
+def flip_at_random(path: Path, rnd: random.Random, count: int) -> None:
+    """``count`` runs of 16 bytes flipped at random offsets anywhere in ``path``."""
+    size = path.stat().st_size
+    for _ in range(count):
+        flip(path, rnd.randrange(0, size - 16))
+
+
+def read_all_exact(mnt: Path, src: Path, rels: list[Path]) -> dict[str, object]:
+    """``read_all_bounded``, and every file must have read back exactly."""
+    got = read_all_bounded(mnt, src, rels)
+    results = got["results"]
+    assert isinstance(results, dict)
+    bad = {k: v for k, v in results.items() if v != "ok"}
+    assert not bad, bad
+    return got
+
+
 def offsets_of(haystack: bytes, needle: bytes) -> list[int]:
     found, at = [], haystack.find(needle)
     while at >= 0:
@@ -179,8 +203,7 @@ def test_corrupt_block_data_of_small_and_large_files_is_refetched(corrupt_src, f
     every large file: each reads back exactly, within a round trip and the transfer."""
     rnd = random.Random(7)
     rels = files_under(corrupt_src)
-    smalls = [r for r in rels if r.parts[0] != "shards"]
-    victims = rnd.sample(smalls, 10) + [r for r in rels if r.parts[0] == "shards"]
+    victims = pick(rels, rnd, small=10, large=4)
     data = tmp_path / "cache" / "blocks" / "data.mdb"
     raw = data.read_bytes()
     flipped = 0
@@ -207,8 +230,7 @@ def test_corrupt_block_data_of_small_and_large_files_is_refetched(corrupt_src, f
     # a second pass reads what was fetched again: no checksum failure left
     before = m.get("spokefs_cache_checksum_failures_total", 0)
     subprocess.run(["sh", "-c", "echo 3 > /proc/sys/vm/drop_caches"], check=False)
-    again = read_all_bounded(spoke.mnt, corrupt_src, rels)["results"]
-    assert isinstance(again, dict) and set(again.values()) == {"ok"}, again
+    read_all_exact(spoke.mnt, corrupt_src, rels)
     after = scrape_metrics(spoke.metrics_port)  # type: ignore[attr-defined]
     assert after.get("spokefs_cache_checksum_failures_total", 0) == before
     idle = idle_cpu_share(spoke)
@@ -224,10 +246,7 @@ def test_corrupt_blocks_come_back_within_two_round_trips(corrupt_src, filled_cac
     two round trips plus its transfer (one to learn nothing is wrong with the request, at
     worst a new connection's handshake, and one for the bytes)."""
     rtt_s = 0.060
-    rnd = random.Random(9)
-    rels = files_under(corrupt_src)
-    victims = rnd.sample([r for r in rels if r.parts[0] != "shards"], 8)
-    victims += [r for r in rels if r.parts[0] == "shards"][:2]
+    victims = pick(files_under(corrupt_src), random.Random(9), small=8, large=2)
     data = tmp_path / "cache" / "blocks" / "data.mdb"
     raw = data.read_bytes()
     for rel in victims:
@@ -259,10 +278,8 @@ def test_corrupt_chunk_headers_read_exact(corrupt_src, filled_cache, tmp_path):
     (the whole chunk's and each block's) and the data's last bytes, which the header holds
     (``cache.layout``, "Why a tail"). Wrong sums over good data cost a refetch at worst; a
     corrupt tail fails its checksum and is fetched again. Every file reads back exactly."""
-    rnd = random.Random(8)
     rels = files_under(corrupt_src)
-    victims = rnd.sample([r for r in rels if r.parts[0] != "shards"], 10)
-    victims += [r for r in rels if r.parts[0] == "shards"][:2]
+    victims = pick(rels, random.Random(8), small=10, large=2)
     data = tmp_path / "cache" / "blocks" / "data.mdb"
     raw = data.read_bytes()
     tails = 0
@@ -278,11 +295,7 @@ def test_corrupt_chunk_headers_read_exact(corrupt_src, filled_cache, tmp_path):
             flip(data, where[0] + 8, 16)
             tails += 1
     spoke = filled_cache()
-    got = read_all_bounded(spoke.mnt, corrupt_src, rels)
-    results = got["results"]
-    assert isinstance(results, dict)
-    bad = {k: v for k, v in results.items() if v != "ok"}
-    assert not bad, bad
+    got = read_all_exact(spoke.mnt, corrupt_src, rels)
     m = scrape_metrics(spoke.metrics_port)  # type: ignore[attr-defined]
     assert m.get("spokefs_cache_checksum_failures_total", 0) >= tails, m
     assert log_lines(spoke, "failed their checksum") <= LOG_LINES_PER_MINUTE
@@ -304,9 +317,7 @@ def test_cache_corrupted_at_random_offsets_reads_exact_or_eio(corrupt_src, fille
     rnd = random.Random(seed)
     rels = files_under(corrupt_src)
     data = tmp_path / "cache" / "blocks" / "data.mdb"
-    size = data.stat().st_size
-    for _ in range(40):
-        flip(data, rnd.randrange(0, size - 16))
+    flip_at_random(data, rnd, 40)
     spoke = filled_cache()
     got = read_all_bounded(spoke.mnt, corrupt_src, rels)
     results = got["results"]
@@ -331,15 +342,9 @@ def test_corrupt_namespace_file_is_set_aside_and_reloaded(corrupt_src, filled_ca
     rels = files_under(corrupt_src)
     data = tmp_path / "cache" / "namespace" / "data.mdb"
     assert (data.parent / "clean-digest").exists()
-    size = data.stat().st_size
-    for _ in range(20):
-        flip(data, rnd.randrange(0, size - 16))
+    flip_at_random(data, rnd, 20)
     spoke = filled_cache()
-    got = read_all_bounded(spoke.mnt, corrupt_src, rels)
-    results = got["results"]
-    assert isinstance(results, dict)
-    bad = {k: v for k, v in results.items() if v != "ok"}
-    assert not bad, bad
+    got = read_all_exact(spoke.mnt, corrupt_src, rels)
     assert spoke.proc is not None and spoke.proc.poll() is None, spoke.stderr()
     m = scrape_metrics(spoke.metrics_port)  # type: ignore[attr-defined]
     assert m.get("spokefs_namespace_corruptions_total") == 1, spoke.stderr()
@@ -366,8 +371,7 @@ def test_an_idle_spoke_uses_almost_no_cpu(corrupt_src, filled_cache):
     """After a pass over the tree (fills, packs, prefetch, the trace and the writer all had
     work), a spoke that is asked nothing uses less than half a core for 10 s."""
     spoke = filled_cache()
-    got = read_all_bounded(spoke.mnt, corrupt_src, files_under(corrupt_src))["results"]
-    assert isinstance(got, dict) and set(got.values()) == {"ok"}
+    read_all_exact(spoke.mnt, corrupt_src, files_under(corrupt_src))
     idle = idle_cpu_share(spoke)
     assert idle < IDLE_MAX_CORES, idle
     figures("idle", seconds=IDLE_S, cores=f"{idle:.3f}")
@@ -379,14 +383,8 @@ def test_an_idle_spoke_uses_almost_no_cpu(corrupt_src, filled_cache):
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """A 24 MiB tmpfs for the cache dir, always unmounted."""
-    where = tmp_path / "tiny"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(where)], check=True)
-    try:
+    with tmpfs(tmp_path / "tiny", "24m") as where:
         yield where
-    finally:
-        if subprocess.run(["umount", str(where)], check=False).returncode != 0:
-            subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def fill_up(where: Path) -> Path:
@@ -447,8 +445,7 @@ def test_full_disk_at_mount_catch_up_and_refresh_keeps_serving(tmp_path, tiny_di
     try:
         time.sleep(4)  # the catch-up and three 1 s refreshes fail meanwhile
         new = [Path("d") / f"f{i:02d}.bin" for i in range(40, 60)]
-        got = read_all_bounded(spoke.mnt, src, old)["results"]
-        assert isinstance(got, dict) and set(got.values()) == {"ok"}, got
+        read_all_exact(spoke.mnt, src, old)
         assert not (spoke.mnt / new[0]).exists()  # the stored generation is served
         res = refresh(spoke.mnt)
         assert res.returncode != 0 and "Traceback" not in res.stderr, res
@@ -472,8 +469,7 @@ def test_full_disk_at_mount_catch_up_and_refresh_keeps_serving(tmp_path, tiny_di
             assert time.monotonic() < deadline, spoke.stderr()
             refresh(spoke.mnt)
             time.sleep(0.5)
-        got = read_all_bounded(spoke.mnt, src, files_under(src))["results"]
-        assert isinstance(got, dict) and set(got.values()) == {"ok"}, got
+        read_all_exact(spoke.mnt, src, files_under(src))
     finally:
         unmount_after_flush(spoke)
     figures("full_disk_remount", old_files=len(old), new_files=len(new),

@@ -19,7 +19,6 @@ import hashlib
 import os
 import random
 import stat
-import subprocess
 import sys
 import threading
 import time
@@ -31,6 +30,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.helpers.procs import SpokeMount, free_port, is_mounted, run_spokefs, scrape_metrics
+from tests.helpers.tmpfs import tmpfs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from longlink import LongLinkProcess  # noqa: E402
@@ -434,14 +434,8 @@ def test_kill9_during_heavy_fill_then_remount_reads_exact_bytes(
 @pytest.fixture
 def tiny_fs(tmp_path: Path) -> Iterator[Path]:
     """A 48 MiB tmpfs, always unmounted."""
-    where = tmp_path / "tiny"
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(where)], check=True)
-    try:
+    with tmpfs(tmp_path / "tiny", "48m") as where:
         yield where
-    finally:
-        if subprocess.run(["umount", str(where)], check=False).returncode != 0:
-            subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def test_cache_on_a_full_disk_degrades_and_reads_stay_exact(tmp_path, tiny_fs, hub_factory,
