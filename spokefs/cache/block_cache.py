@@ -166,7 +166,6 @@ _READ_THREADS = 8
 _MAP_FULL_FREE = 8  # a full map or disk frees 1/8 of the cache before the one retry
 _HAND_LIMIT = 4096  # protected entries the hand may look at per transaction
 _PROMOTE_BATCH = 256  # pending promotions that justify a write transaction of their own
-_WRITE_BATCH_BYTES = 64 << 20  # one write transaction stores at most this much
 _STAGED_MAX_BYTES = 256 << 20  # background fills wait while the writer is this far behind
 _CLOCK_SAVE_S = 300.0  # what a kill -9 can cost the policy's memory (a few KiB-MiB to write)
 _CLOCK_FILE = "access-clock"
@@ -546,7 +545,8 @@ class BlockCache:
     async def _write_staged(self) -> None:
         batch: list[tuple[bytes, Staged]] = []
         nbytes = 0
-        while self._queue and nbytes < _WRITE_BATCH_BYTES:
+        limit = self._store.batch_bytes  # small, so that LMDB can reuse the pages evicted
+        while self._queue and nbytes < limit:
             key, item = self._queue.popleft()
             batch.append((key, item))
             nbytes += len(item.data)
