@@ -162,6 +162,12 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+BOUND_RATIO = 1.10
+"""``blocks/`` (data.mdb, lock.mdb and the side files) stays within this times ``max_bytes``,
+or ``max_bytes + _MIN_SLACK_BYTES`` if more (a tiny cache); the LMDB map is that bound less
+the other files (see "Invariants")."""
+_MIN_SLACK_BYTES = 1 << 20  # a few batches and the side files: a cache under 10 MiB needs it
+_LOCK_FILE_BYTES = 64 << 10  # lock.mdb: 8 KiB with LMDB's 126 reader slots; room to spare
 _READ_THREADS = 8
 _MAP_FULL_FREE = 8  # a full map or disk frees 1/8 of the cache before the one retry
 _HAND_LIMIT = 4096  # protected entries the hand may look at per transaction
@@ -231,7 +237,9 @@ class BlockCache:
         Args:
             window_bytes: see the module docstring; default 5% of ``max_bytes``, at least
                 min(1 GiB, 25%).
-            map_bytes: LMDB map size (address space); default ``2 * max_bytes + 256 MiB``.
+            map_bytes: the LMDB map size, the bound on ``data.mdb``; default
+                ``BOUND_RATIO * max_bytes`` less lock.mdb and the access clock's side file
+                (twice: its next version is written beside it).
         """
         self.path = path
         self.max_bytes = max_bytes
@@ -239,10 +247,11 @@ class BlockCache:
             window_bytes = max(max_bytes // 20, min(max_bytes // 4, 1 << 30))
         self.window_bytes = window_bytes
         self._protected_max = max(max_bytes // 2, max_bytes - 2 * window_bytes)
-        self._map_bytes = map_bytes or max_bytes * 2 + (256 << 20)
+        self._clock = AccessClock(max_bytes)
+        self._map_bytes = map_bytes or (self.bound_bytes(max_bytes) - _LOCK_FILE_BYTES
+                                        - 2 * self._clock.file_bytes())
         self._read_limiter = trio.CapacityLimiter(_READ_THREADS)
         self._write_limiter = trio.CapacityLimiter(1)
-        self._clock = AccessClock(max_bytes)
         self._active = 0  # threads inside the environment now
         self._broken: BaseException | None = None  # set: being set aside
         self._troubled = False  # a write failed and none has succeeded since
@@ -265,6 +274,11 @@ class BlockCache:
         metrics.CACHE_CAPACITY.set(max_bytes)
         self._publish()
 
+    @staticmethod
+    def bound_bytes(max_bytes: int) -> int:
+        """The most ``blocks/`` holds for a quota of ``max_bytes`` (see ``BOUND_RATIO``)."""
+        return max_bytes + max(int(max_bytes * (BOUND_RATIO - 1)), _MIN_SLACK_BYTES)
+
     # -- lifecycle ------------------------------------------------------------------
 
     def _open(self) -> ChunkStore:
@@ -280,6 +294,14 @@ class BlockCache:
             self._set_aside(exc)
             store = ChunkStore(self.path, self.max_bytes, self.window_bytes, self._map_bytes)
         clean.unlink(missing_ok=True)
+        size = (self.path / "data.mdb").stat().st_size
+        if size > self._map_bytes:
+            log.warning(
+                "block cache: %s/data.mdb is %d MiB, more than the %d MiB that --cache-size "
+                "%d MiB allows (made by an older spokefs or a larger --cache-size); LMDB files "
+                "never shrink, so it keeps its size, without growing: to get the space back, "
+                "unmount and remove %s", self.path, size >> 20, self._map_bytes >> 20,
+                self.max_bytes >> 20, self.path)
         return store
 
     def _check(self) -> bool:
@@ -643,7 +665,8 @@ class BlockCache:
                 self._trouble("block cache full on disk (%s): evicting 1/%d of it", exc,
                               _MAP_FULL_FREE)
                 plan = self._plan((), promote=False, hand=False)
-                await self._call(self._write_limiter, "make_room", plan, _MAP_FULL_FREE)
+                await self._call(self._write_limiter, "make_room", plan, _MAP_FULL_FREE,
+                                 isinstance(exc, lmdb.MapFullError))
                 stats = await self._call(self._write_limiter, method, *args)
         except _Unavailable:
             return
