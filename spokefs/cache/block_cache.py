@@ -62,6 +62,19 @@ Invariants:
   the same transaction down to ``max_bytes`` minus one batch (1/64 of the cache, at most
   64 MiB). A full map or disk (MapFullError, ENOSPC) evicts an eighth of the cache and retries
   once; a fill that still cannot be stored is dropped (counted), never a failed read.
+- ``blocks/`` (data.mdb, lock.mdb, the access clock's file) is at most ``bound_bytes``:
+  ``BOUND_RATIO`` (1.10) times ``max_bytes``, at least ``max_bytes`` + 1 MiB. The LMDB map is
+  that bound less the other files, and LMDB never grows data.mdb past its map. The bytes
+  rule alone does not keep the file there: LMDB reuses a freed page only from the
+  transaction after next, so the file also holds the last two write batches' freed pages
+  (hence batches of 1/64 of the cache: at 64 MiB, 1.35x a 128 MiB cache was measured through
+  a mount), and small values leave free runs too short for a chunk. So a fill also evicts
+  when the pages in use leave less than a headroom of the map free (``ChunkStore.put_pieces``;
+  the headroom grows when the file still grows into the map's last batch): the map is rarely
+  full. Measured at 128 MiB: 1.04x for large files read once, 1.10x for ~110 KiB files in a
+  random order (which hold ~0.96 of ``max_bytes`` then), 1.05x for churn; 1.05x through a
+  mount. A data.mdb made larger by an older spokefs or a larger ``max_bytes`` keeps its
+  size (LMDB files never shrink; a warning at open) but does not grow.
 - ``statistics()`` shows committed state only: the sync functions return the new totals and
   the trio thread applies them after the commit.
 - Each chunk is in exactly one segment and has exactly one ``order`` record.
@@ -80,7 +93,8 @@ Nothing is awaited while a transaction is open.
 
 **Write-behind.** Fetched blocks are *staged* (``stage``): kept in memory, visible to every
 read at once, and stored by the writer task (``run``) in one transaction per batch (all
-that was staged since the last one, up to 64 MiB). So a demand read returns as soon as its
+that was staged since the last one, up to a batch: 1/64 of the cache, at most 64 MiB, so
+that the pages it evicts are soon reused; see "Invariants"). So a demand read returns as soon as its
 bytes are in, never behind a store, and a pack of thirty files costs one transaction, not
 thirty. Staged bytes are bounded: background fills wait (``wait_room``) while more than
 ``_STAGED_MAX_BYTES`` (or a quarter of the cache) wait for the writer; demand reads never
