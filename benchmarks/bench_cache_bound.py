@@ -14,16 +14,17 @@ Workloads (the dataset is ``--dataset-x`` times the cache):
 After each file it records the size of ``blocks/`` (all files in it) and, at the end, LMDB's
 own view: the last page used, pages on the free list (parsed from ``data.mdb``: LMDB has no
 API for its free-list database), the largest run of consecutive free pages, and the map size.
-Every byte read is compared with the generated source.
+Every byte read is compared with the generated source. Graded: the most ``blocks/`` held
+at any sample, over the cache size, against the bound of 1.10; one JSON line is appended to
+benchmarks/results/cache_bound.jsonl.
 
     python3 benchmarks/bench_cache_bound.py [--cache-mib 128] [--dataset-x 3]
-        [--only sequential,small,churn] [--work-dir /var/tmp]
+        [--only sequential,small,churn] [--work-dir /var/tmp] [--results FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import struct
 import sys
@@ -37,11 +38,15 @@ import trio.lowlevel
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import benchlib as bl  # noqa: E402
 
 from spokefs import metrics  # noqa: E402
 from spokefs.cache.block_cache import ORIGIN_DEMAND, BlockCache  # noqa: E402
 from spokefs.config import BLOCK_SIZE  # noqa: E402
 
+RESULTS = HERE / "results" / "cache_bound.jsonl"
 MIB = 1 << 20
 KIB = 1 << 10
 READ = MIB  # one read(2) as the reader sees it after the kernel's read-ahead
@@ -239,6 +244,15 @@ async def run_one(name: str, work: Path, args: argparse.Namespace) -> dict[str, 
     }
 
 
+BOUND = ("The cache dir outgrows its bound: `blocks/` (data.mdb + lock.mdb + side files) "
+         "<= 1.10 x `--cache-size` under three workloads: sequential (large files read once, "
+         "dataset several times the cache), shuffled small files (~110 KiB files, random "
+         "order, dataset > cache), and churn (repeated epochs over a dataset of 2-4x the "
+         "cache, mixed sizes). Enforce means: evict earlier rather than grow.")
+GOALS = tuple(bl.Goal(BOUND, name, f"{name}: most blocks/ bytes seen / cache size", "<=", 1.10)
+              for name in WORKLOADS)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cache-mib", type=int, default=128)
@@ -247,14 +261,16 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=2, help="for small and churn")
     ap.add_argument("--only", default="sequential,small,churn")
     ap.add_argument("--work-dir", default="/var/tmp")
-    ap.add_argument("--json", action="store_true", help="one JSON line per workload")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="JSON lines appended here")
     args = ap.parse_args()
+    started = time.monotonic()
+    record: dict[str, Any] = bl.run_info("bench_cache_bound.py") | {
+        "config": {k: v for k, v in vars(args).items() if k not in ("work_dir", "results")},
+        "workloads": {}}
     with tempfile.TemporaryDirectory(prefix="bench-bound-", dir=args.work_dir) as tmp:
         for name in args.only.split(","):
             r = trio.run(run_one, name, Path(tmp), args)
-            if args.json:
-                print(json.dumps(r), flush=True)
-                continue
+            record["workloads"][name] = r
             print(f"{name}: {r['bytes_read'] / MIB:.0f} MiB read in {r['seconds']} s, hits "
                   f"{r['hit_ratio']}, wrong {r['wrong_reads']}, write errors "
                   f"{r['write_errors']}\n  blocks/ {r['blocks_dir'] / MIB:.1f} MiB = "
@@ -265,6 +281,18 @@ def main() -> None:
                   f"({r['free_pages_mib']} MiB) in {r['free_records']} records, longest run "
                   f"{r['longest_free_run']}, runs of 16: {r['free_runs_of_16']}, newest "
                   f"{r['newest_free_txns']} at txn {r['txnid']}", flush=True)
+    record["seconds"] = round(time.monotonic() - started, 1)
+
+    def value_of(goal: bl.Goal, _: Any) -> tuple[float | None, str]:
+        r = record["workloads"].get(goal.key)
+        if r is None:
+            return None, ""
+        return r["peak_ratio"], f"wrong reads {r['wrong_reads']}"
+
+    grades = bl.grade(GOALS, [None], value_of)
+    record["graded"] = bl.print_goals(["Cache dir bound"], [BOUND], grades)
+    record["grades"] = bl.grades_json(grades)
+    bl.save_record(args.results, record, f"{record['seconds']} s; ")
 
 
 if __name__ == "__main__":
