@@ -24,7 +24,7 @@ from spokefs.errors import StoreFailed
 
 # LMDB's lock file: a header and 126 reader slots of 64 bytes by default (about 8 KiB);
 # a larger file only gives it more slots.
-_LOCK_BYTES = 64 << 10
+LOCK_BYTES = 64 << 10
 
 
 def open_env(path: Path, **kwargs: Any) -> lmdb.Environment:
@@ -34,7 +34,7 @@ def open_env(path: Path, **kwargs: Any) -> lmdb.Environment:
         StoreFailed: no room on the disk for the lock file.
     """
     path.mkdir(parents=True, exist_ok=True)
-    reserve(path / "lock.mdb", _LOCK_BYTES)
+    reserve(path / "lock.mdb", LOCK_BYTES)
     return lmdb.open(str(path), **kwargs)
 
 

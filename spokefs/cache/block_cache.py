@@ -64,6 +64,19 @@ Invariants:
   the same transaction down to ``max_bytes`` minus one batch (1/64 of the cache, at most
   64 MiB). A full map or disk (MapFullError, ENOSPC) evicts an eighth of the cache and retries
   once; a fill that still cannot be stored is dropped (counted), never a failed read.
+- ``blocks/`` (data.mdb, lock.mdb, the access clock's file) is at most ``bound_bytes``:
+  ``BOUND_RATIO`` (1.10) times ``max_bytes``, at least ``max_bytes`` + 1 MiB. The LMDB map is
+  that bound less the other files, and LMDB never grows data.mdb past its map. The bytes
+  rule alone does not keep the file there: LMDB reuses a freed page only from the
+  transaction after next, so the file also holds the last two write batches' freed pages
+  (hence batches of 1/64 of the cache: at 64 MiB, 1.35x a 128 MiB cache was measured through
+  a mount), and small values leave free runs too short for a chunk. So a fill also evicts
+  when the pages in use leave less than a headroom of the map free (``ChunkStore.put_pieces``;
+  the headroom grows when the file still grows into the map's last batch): the map is rarely
+  full. Measured at 128 MiB: 1.04x for large files read once, 1.10x for ~110 KiB files in a
+  random order (which hold ~0.96 of ``max_bytes`` then), 1.05x for churn; 1.05x through a
+  mount. A data.mdb made larger by an older spokefs or a larger ``max_bytes`` keeps its
+  size (LMDB files never shrink; a warning at open) but does not grow.
 - ``statistics()`` shows committed state only: the sync functions return the new totals and
   the trio thread applies them after the commit.
 - Each chunk is in exactly one segment and has exactly one ``order`` record.
@@ -82,7 +95,8 @@ Nothing is awaited while a transaction is open.
 
 **Write-behind.** Fetched blocks are *staged* (``stage``): kept in memory, visible to every
 read at once, and stored by the writer task (``run``) in one transaction per batch (all
-that was staged since the last one, up to 64 MiB). So a demand read returns as soon as its
+that was staged since the last one, up to a batch: 1/64 of the cache, at most 64 MiB, so
+that the pages it evicts are soon reused; see "Invariants"). So a demand read returns as soon as its
 bytes are in, never behind a store, and a pack of thirty files costs one transaction, not
 thirty. Staged bytes are bounded: background fills wait (``wait_room``) while more than
 ``_STAGED_MAX_BYTES`` (or a quarter of the cache) wait for the writer; demand reads never
@@ -152,6 +166,7 @@ from spokefs.cache.store import (
     nblocks,
 )
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
+from spokefs.lmdb_env import LOCK_BYTES
 from spokefs.log_limit import LogLimiter
 from spokefs.types import FileVersion
 
@@ -165,11 +180,15 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+BOUND_RATIO = 1.10
+"""``blocks/`` (data.mdb, lock.mdb and the side files) stays within this times ``max_bytes``,
+or ``max_bytes + _MIN_SLACK_BYTES`` if more (a tiny cache); the LMDB map is that bound less
+the other files (see "Invariants")."""
+_MIN_SLACK_BYTES = 1 << 20  # a few batches and the side files: a cache under 10 MiB needs it
 _READ_THREADS = 8
 _MAP_FULL_FREE = 8  # a full map or disk frees 1/8 of the cache before the one retry
 _HAND_LIMIT = 4096  # protected entries the hand may look at per transaction
 _PROMOTE_BATCH = 256  # pending promotions that justify a write transaction of their own
-_WRITE_BATCH_BYTES = 64 << 20  # one write transaction stores at most this much
 _STAGED_MAX_BYTES = 256 << 20  # background fills wait while the writer is this far behind
 _CLOCK_SAVE_S = 300.0  # what a kill -9 can cost the policy's memory (a few KiB-MiB to write)
 _CLOCK_FILE = "access-clock"
@@ -235,7 +254,9 @@ class BlockCache:
         Args:
             window_bytes: see the module docstring; default 5% of ``max_bytes``, at least
                 min(1 GiB, 25%).
-            map_bytes: LMDB map size (address space); default ``2 * max_bytes + 256 MiB``.
+            map_bytes: the LMDB map size, the bound on ``data.mdb``; default
+                ``BOUND_RATIO * max_bytes`` less lock.mdb and the access clock's side file
+                (twice: its next version is written beside it).
         """
         self.path = path
         self.max_bytes = max_bytes
@@ -243,10 +264,11 @@ class BlockCache:
             window_bytes = max(max_bytes // 20, min(max_bytes // 4, 1 << 30))
         self.window_bytes = window_bytes
         self._protected_max = max(max_bytes // 2, max_bytes - 2 * window_bytes)
-        self._map_bytes = map_bytes or max_bytes * 2 + (256 << 20)
+        self._clock = AccessClock(max_bytes)
+        self._map_bytes = map_bytes or (self.bound_bytes(max_bytes) - LOCK_BYTES
+                                        - 2 * self._clock.file_bytes())
         self._read_limiter = trio.CapacityLimiter(_READ_THREADS)
         self._write_limiter = trio.CapacityLimiter(1)
-        self._clock = AccessClock(max_bytes)
         self._active = 0  # threads inside the environment now
         self._broken: BaseException | None = None  # set: being set aside
         self._troubled = False  # a write failed and none has succeeded since
@@ -273,6 +295,11 @@ class BlockCache:
         metrics.CACHE_CAPACITY.set(max_bytes)
         self._publish()
 
+    @staticmethod
+    def bound_bytes(max_bytes: int) -> int:
+        """The most ``blocks/`` holds for a quota of ``max_bytes`` (see ``BOUND_RATIO``)."""
+        return max_bytes + max(int(max_bytes * (BOUND_RATIO - 1)), _MIN_SLACK_BYTES)
+
     # -- lifecycle ------------------------------------------------------------------
 
     def _open(self) -> ChunkStore:
@@ -288,6 +315,14 @@ class BlockCache:
             self._set_aside(exc)
             store = ChunkStore(self.path, self.max_bytes, self.window_bytes, self._map_bytes)
         clean.unlink(missing_ok=True)
+        size = (self.path / "data.mdb").stat().st_size
+        if size > self._map_bytes:
+            log.warning(
+                "block cache: %s/data.mdb is %d MiB, more than the %d MiB that --cache-size "
+                "%d MiB allows (made by an older spokefs or a larger --cache-size); LMDB files "
+                "never shrink, so it keeps its size, without growing: to get the space back, "
+                "unmount and remove %s", self.path, size >> 20, self._map_bytes >> 20,
+                self.max_bytes >> 20, self.path)
         return store
 
     def _check(self) -> bool:
@@ -580,7 +615,8 @@ class BlockCache:
     async def _write_staged(self) -> None:
         batch: list[tuple[bytes, Staged]] = []
         nbytes = 0
-        while self._queue and nbytes < _WRITE_BATCH_BYTES:
+        limit = self._store.batch_bytes  # small, so that LMDB can reuse the pages evicted
+        while self._queue and nbytes < limit:
             key, item = self._queue.popleft()
             batch.append((key, item))
             nbytes += len(item.data)
@@ -677,7 +713,8 @@ class BlockCache:
                 self._trouble("block cache full on disk (%s): evicting 1/%d of it", exc,
                               _MAP_FULL_FREE)
                 plan = self._plan((), promote=False, hand=False)
-                await self._call(self._write_limiter, "make_room", plan, _MAP_FULL_FREE)
+                await self._call(self._write_limiter, "make_room", plan, _MAP_FULL_FREE,
+                                 isinstance(exc, lmdb.MapFullError))
                 stats = await self._call(self._write_limiter, method, *args)
         except _Unavailable:
             return

@@ -209,6 +209,10 @@ class AccessClock:
 
     # -- persistence ----------------------------------------------------------------
 
+    def file_bytes(self) -> int:
+        """The size of the side file ``save`` writes."""
+        return len(_FILE_MAGIC) + _FILE_HEAD.size + self._table.itemsize * len(self._table)
+
     def save(self, path: Path) -> None:
         """Write the table to ``path`` atomically (from a worker thread or at close)."""
         tmp = path.with_name(path.name + ".tmp")

@@ -41,7 +41,27 @@ ORIGIN_WARM = 2
 ORIGIN_REPLAY = 3  # fetched by a trace replay (``replay``); kept like prefetched data
 ORIGINS = ("demand", "prefetch", "warm", "replay")
 
-_MAX_EVICT_BATCH = 64 << 20
+# One write transaction stores at most a batch, and an eviction goes a batch below the quota:
+# 1/64 of the cache (at least a chunk, at most 64 MiB). Why so small: LMDB reuses a page
+# only from the transaction after the one that freed it (see ``make_room``), so the file
+# holds, besides the live pages, the pages the last transaction freed and those the current
+# one writes: two batches. At 64 MiB batches that was half of a 128 MiB cache (measured 1.35x
+# its size through a mount); at 1/64 it is 3%.
+_BATCH_SHARE = 64
+_MAX_BATCH = 64 << 20
+# Pages of the map that the live pages leave free (``headroom_pages``, see ``put_pieces``):
+# those the previous transaction freed and those the current one writes, a batch each; one
+# batch for free runs too short for a 16-page chunk (small files of mixed sizes leave them);
+# and these pages for B-tree pages copied on write and the free list's own records.
+_FREE_BATCHES = 3
+_FREE_PAGES = 32
+# The file growing into the map's last batch (or a full map) means the free list could not
+# serve a fill although the headroom was kept: more short free runs than allowed for, or a
+# reader held old pages. Each time the headroom widens by a batch, up to this share of the
+# map, so that fills evict earlier from then on; and narrows by a batch again after fills of
+# a whole map without the file growing (the workload changed: large files leave no short
+# runs), never below where it started.
+_MAX_HEADROOM_SHARE = 8
 
 
 class Found(dict[int, bytes]):
@@ -88,27 +108,40 @@ class ChunkStore:
 
     Attributes:
         max_bytes: the quota on block bytes.
+        batch_bytes: the most one write transaction stores, and how far below the quota an
+            eviction goes (see ``_BATCH_SHARE``).
+        headroom_pages: pages of the map that fills keep free (see ``put_pieces``).
         state: the meta totals as of opening (callers keep the latest returned ones).
     """
 
     def __init__(self, path: Path, max_bytes: int, window_bytes: int, map_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._batch = min(_MAX_EVICT_BATCH, max(CHUNK_SIZE, max_bytes // 64))
+        self.batch_bytes = min(_MAX_BATCH, max(CHUNK_SIZE, max_bytes // _BATCH_SHARE))
         self._evictor = Evictor(self, window_bytes)
-        # The map is address space, not disk: the file grows only as pages are used. The
-        # default of twice the quota leaves room for pages freed but not yet reusable (an
-        # older reader still sees them) and for free runs too short for a chunk; measured,
-        # the file stays at 1.05x the quota through a churn of 8x it (bench_eviction.py).
+        # The map is the bound on the file: LMDB never grows data.mdb past it, it says
+        # MapFullError instead (the caller then evicts and retries). Fills keep it from
+        # coming to that (``put_pieces``). A file already larger (an older spokefs, a smaller
+        # --cache-size) keeps its size, as LMDB files never shrink: LMDB raises the map to the
+        # pages in use, and the fills evict down to ``map_bytes`` of them.
         self._env = open_env(path, map_size=map_bytes, max_dbs=8, sync=False, metasync=False)
         try:
             self._env.reader_check()  # slots of readers killed with -9 pin old pages
             self._page = self._env.stat()["psize"]
+            self._map_pages = map_bytes // self._page
+            self._batch_pages = self.batch_bytes // self._page
+            self._min_headroom = _FREE_BATCHES * self._batch_pages + _FREE_PAGES
+            self.headroom_pages = self._min_headroom
+            self._calm_pages = 0  # pages filled since the file last grew
+            self._extent = self._env.info()["last_pgno"] + 1  # pages the file has
+            self._live = self._extent  # pages in use after the last fill (a guess until one)
             with self._env.begin(write=True) as txn:
                 self._migrate(txn)
                 self._data = self._env.open_db(b"data", txn=txn)
                 self._head = self._env.open_db(b"head", txn=txn)
                 self.order_db = self._env.open_db(b"order", txn=txn)
                 self._meta = self._env.open_db(b"meta", txn=txn)
+                self._dbs = (self._env.open_db(txn=txn), self._data, self._head,
+                             self.order_db, self._meta)
                 self.state = CacheState.decode(txn.get(b"state", db=self._meta))
                 if txn.get(b"layout", db=self._meta) is None:  # once: a reopen writes
                     txn.put(b"layout", bytes([LAYOUT]), db=self._meta)  # nothing (full disk)
@@ -313,13 +346,53 @@ class ChunkStore:
         self, pieces: list[tuple[bytes, int, memoryview, int]], plan: Plan
     ) -> CacheState:
         """Store ``(chunk key, first slot, contiguous blocks, origin)`` pieces, one transaction;
-        evict in it if over quota."""
+        evict in it if over quota, or if the pages in use leave less than ``headroom_pages``
+        of the map.
+
+        The second rule bounds the file: the pages in use are counted exactly (B-tree and
+        data pages of every database: a 2 KiB file takes a 4 KiB page, a chunk header a
+        share of a leaf), and the headroom is what a fill needs beyond them. Either rule
+        evicts a batch further than it must, so that not every fill evicts.
+        """
+        extent = self._env.info()["last_pgno"] + 1
+        if extent > self._extent:
+            self._calm_pages = 0
+            if extent > self._map_pages - self._batch_pages:
+                self._widen(extent - self._live)
+        elif self._calm_pages > self._map_pages and self.headroom_pages > self._min_headroom:
+            self._calm_pages = 0
+            self.headroom_pages = max(self._min_headroom,
+                                      self.headroom_pages - self._batch_pages)
+        self._extent = extent
+        self._calm_pages += sum(len(piece) for _, _, piece, _ in pieces) // self._page
         with self._writing(plan) as (txn, st):
             for key, slot, piece, origin in pieces:
                 self._put_piece(txn, st, key, slot, piece, origin, plan)
+            target = st.nbytes
             if st.nbytes > self.max_bytes:
-                self._evictor.evict(txn, st, self.max_bytes - self._batch, plan)
+                target = self.max_bytes - self.batch_bytes
+            over = self.pages_used(txn) + self.headroom_pages - self._map_pages
+            if over > 0:  # a data page holds one block or less: a page frees a page
+                target = min(target, st.nbytes - over * self._page - self.batch_bytes)
+            if target < st.nbytes:
+                self._evictor.evict(txn, st, max(0, target), plan)
+            live = self.pages_used(txn)
+        self._live = live
         return st
+
+    def pages_used(self, txn: lmdb.Transaction) -> int:
+        """Pages the live records take (not the free list's own few), as of ``txn``."""
+        pages = 2  # the meta pages
+        for db in self._dbs:
+            stat = txn.stat(db)
+            pages += stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"]
+        return pages
+
+    def _widen(self, free_pages: int) -> None:
+        """The free list could not serve a fill while it held ``free_pages``: keep that many
+        free from now on, and a batch more (see ``_MAX_HEADROOM_SHARE``)."""
+        cap = max(self.headroom_pages, self._map_pages // _MAX_HEADROOM_SHARE)
+        self.headroom_pages = min(cap, max(self.headroom_pages, free_pages) + self._batch_pages)
 
     def promote(self, plan: Plan) -> CacheState:
         """Only apply the plan's promotions."""
@@ -327,13 +400,16 @@ class ChunkStore:
             pass
         return st
 
-    def make_room(self, plan: Plan, fraction: int) -> CacheState:
+    def make_room(self, plan: Plan, fraction: int, map_full: bool = False) -> CacheState:
         """Evict ``1/fraction`` of the quota below the current use (the map or disk is full).
 
         Two commits: LMDB reuses the pages a transaction frees only from the transaction
         after next (the previous snapshot may still be read), so the retry that follows can
-        use them.
+        use them. ``map_full``: the headroom the fills keep was too small; widen it (see
+        ``_MAX_HEADROOM_SHARE``).
         """
+        if map_full:
+            self._widen(self._env.info()["last_pgno"] + 1 - self._live)
         with self._writing(None) as (txn, st):
             target = min(st.nbytes, self.max_bytes) - self.max_bytes // fraction
             self._evictor.evict(txn, st, max(0, target), plan)

@@ -63,6 +63,14 @@ def test_bench_eviction_small(tmp_path: Path) -> None:
     assert record["eviction"]["loop-2x"]["most_bytes_used"] > 0
 
 
+def test_bench_cache_bound_small(tmp_path: Path) -> None:
+    record = run_script("bench_cache_bound.py", tmp_path, "--cache-mib", "8", "--large-mib",
+                        "4", "--epochs", "1", "--work-dir", str(tmp_path))
+    check_grades(record)
+    assert {g["verdict"] for g in record["grades"]} <= {"PASS", "MISS"}
+    assert all(r["wrong_reads"] == 0 for r in record["workloads"].values())
+
+
 @pytest.mark.slow
 def test_check_longlink_smoke(tmp_path: Path) -> None:
     record = run_script("check_longlink.py", tmp_path, "--smoke")

@@ -12,6 +12,7 @@ from pathlib import Path
 import lmdb
 import pytest
 import trio
+import trio.lowlevel
 from spoke_fakes import FakeHub
 
 from spokefs import metrics
@@ -176,6 +177,94 @@ async def test_full_cache_evicts_and_stays_under_quota(tmp_path):
     cache.close()
 
 
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+
+
+async def _read_through(cache: BlockCache, fid: int, data: bytes, lo: int, hi: int) -> bool:
+    """Read ``[lo, hi)`` as the reader does: from the cache, or stage what a miss fetched
+    (the writer task stores it behind); True if the bytes came back right."""
+    ok = True
+    for off in range(lo, hi, 1 << 20):
+        end = min(hi, off + (1 << 20))
+        res = cache.read(fid, 1, off, end)
+        if res.on_disk:
+            res = await cache.read_on_disk(fid, 1, off, end)
+        if res.data is None:
+            first = res.missing[0]
+            stop = min(len(data), (res.missing[-1] + 1) * BLOCK_SIZE)
+            cache.stage(fid, 1, [(first, data[first * BLOCK_SIZE : stop])])
+            res = cache.read(fid, 1, off, end, record=False)
+        ok = ok and res.data == data[off:end]
+        await trio.lowlevel.checkpoint()  # the writer runs meanwhile, as under FUSE
+    return ok
+
+
+@pytest.mark.parametrize("workload", ["sequential", "small", "churn"])
+async def test_the_cache_dir_stays_within_its_bound(tmp_path, workload):
+    # blocks/ <= 1.10 x the quota whatever the fills: the LMDB map is that bound, and fills
+    # evict early enough (write batches of 1/64 of the cache, headroom for pages freed but
+    # not yet reusable) that the map is not full either
+    quota = 16 << 20
+    bound = BlockCache.bound_bytes(quota)
+    assert bound == int(quota * 1.10)
+    rng = random.Random(workload)
+    if workload == "sequential":  # large files read once, 3x the cache
+        files = {fid: 8 << 20 for fid in range(1, 7)}
+        reads = [(fid, None) for fid in files]
+    elif workload == "small":  # ~110 KiB files in a random order, 2 epochs over 3x the cache
+        files = {fid: rng.randrange(96 << 10, 128 << 10) for fid in range(1, 450)}
+        reads = [(fid, None) for _ in range(2) for fid in rng.sample(list(files), len(files))]
+    else:  # 3 epochs over 3x the cache, mixed sizes, a third of the reads in part
+        sizes = [4 << 10, 20 << 10, 110 << 10, 700 << 10, 3 << 20]
+        files = {fid: rng.choice(sizes) - rng.randrange(4096) for fid in range(1, 62)}
+        reads = [(fid, rng.random() < 1 / 3) for _ in range(3)
+                 for fid in rng.sample(list(files), len(files))]
+    cache = BlockCache(tmp_path, quota)
+    errors = metrics.CACHE_WRITE_ERRORS._value.get()
+    peak = 0
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        for fid, part in reads:
+            data = random.Random(fid).randbytes(files[fid])
+            lo, hi = 0, len(data)
+            if part:
+                lo = rng.randrange(len(data)) // BLOCK_SIZE * BLOCK_SIZE
+                hi = min(hi, lo + rng.randrange(1, 17) * BLOCK_SIZE)
+            assert await _read_through(cache, fid, data, lo, hi), fid
+            peak = max(peak, _dir_bytes(tmp_path))
+        await cache.flush()
+        nursery.cancel_scope.cancel()
+    assert cache.statistics().bytes_used <= quota
+    assert cache.statistics() == recount(cache)
+    cache.close()
+    peak = max(peak, _dir_bytes(tmp_path))
+    assert peak <= bound, f"{workload}: blocks/ reached {peak / quota:.3f}x the quota"
+    assert metrics.CACHE_WRITE_ERRORS._value.get() == errors  # no fill dropped
+
+
+async def test_a_file_larger_than_the_bound_does_not_grow(tmp_path, caplog):
+    # a cache made with a larger --cache-size (or by an older spokefs): LMDB files never
+    # shrink, but the fills evict down to the new bound's worth of pages and never grow it
+    data = os.urandom(CHUNK_SIZE * 16)
+    cache = BlockCache(tmp_path, 32 << 20)
+    for fid in range(1, 40):
+        await cache.put_runs(fid, 1, [(0, data)])
+    cache.close()
+    size = (tmp_path / "data.mdb").stat().st_size
+    assert size > BlockCache.bound_bytes(8 << 20)
+    with caplog.at_level(logging.WARNING, logger="spokefs.cache.block_cache"):
+        cache = BlockCache(tmp_path, 8 << 20)
+    assert any("never shrink" in m for m in caplog.messages)
+    for fid in range(100, 160):
+        await cache.put_runs(fid, 1, [(0, data)])
+        assert len(await cache.get_blocks(fid, 1, 0, 255, record=False)) == 256
+    assert cache.statistics().bytes_used <= 8 << 20
+    assert cache.statistics() == recount(cache)
+    cache.close()
+    assert (tmp_path / "data.mdb").stat().st_size == size
+
+
 async def test_pinned_chunks_are_never_evicted_and_pins_are_bounded(tmp_path):
     quota = 1 << 20
     cache = BlockCache(tmp_path, quota)
@@ -262,8 +351,10 @@ async def test_a_failed_transaction_leaves_the_totals_alone(tmp_path, monkeypatc
 
 
 async def test_a_full_map_evicts_and_retries(tmp_path, caplog):
-    # a map too small for the quota: LMDB says MapFullError long before the quota is reached
+    # a map too small for the quota, and no headroom kept in it (fills keep some, so that
+    # the map is rarely full): LMDB says MapFullError long before the quota is reached
     cache = BlockCache(tmp_path, 64 << 20, map_bytes=4 << 20)
+    cache._store.headroom_pages = 0
     data = os.urandom(CHUNK_SIZE * 4)
     errors = metrics.CACHE_WRITE_ERRORS._value.get()
     with caplog.at_level(logging.WARNING, logger="spokefs.cache.block_cache"):
@@ -272,7 +363,9 @@ async def test_a_full_map_evicts_and_retries(tmp_path, caplog):
             assert len(await cache.get_blocks(fid, 1, 0, 63, record=False)) == 64
     assert metrics.CACHE_WRITE_ERRORS._value.get() == errors
     assert any("full on disk" in m for m in caplog.messages)
+    assert cache._store.headroom_pages > 0  # widened: later fills evict before it is full
     assert cache.statistics() == recount(cache)
+    assert (tmp_path / "data.mdb").stat().st_size <= 4 << 20  # the map bounds the file
     cache.close()
 
 
