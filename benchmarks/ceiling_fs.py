@@ -5,17 +5,30 @@ The training benchmark (benchmarks/train.py) reads the same files through it and
 spokefs, so its report can say what fraction of the "FUSE served by a Python process on
 trio" ceiling spokefs reaches. How: at start the whole directory tree ROOT is read into a
 dict (inode -> node, file contents as bytes); then it mounts MNT and answers only
-lookup, getattr, open, read, release, opendir, readdir and releasedir from that dict. It has no
-flush method (the kernel gets ENOSYS once and stops sending flushes), long entry and
-attribute timeouts, ``keep_cache=False`` on every open (like a first open in spokefs), the
-spoke's mount options (``ro``, ``allow_other``, ``default_permissions``), the spoke's pyfuse3
-worker count and its 1 MiB kernel read-ahead. Nothing else: no cache, no network, no locks.
+lookup, getattr, open, read, release, opendir, readdir and releasedir from that dict.
 
-    python benchmarks/ceiling_fs.py ROOT MNT
+It takes the spoke's request path, so that a ratio to it measures the spoke, not a
+difference in how many requests the kernel sends (with OPEN and RELEASE answered, a small
+file cost 5.5 requests here against the spoke's 3.5, which made every "fraction of the
+ceiling" look better than it was):
+- ``--open-mode kernel`` (the default, as the spoke's where setup built the patched pyfuse3):
+  OPEN answers ENOSYS, so the kernel opens and closes files itself (FUSE no_open, which
+  implies keep_cache), and reads name the inode; ``handle``: OPEN and RELEASE answered,
+  ``keep_cache=False`` (like a first open in the spoke's handle mode).
+- directories as the spoke serves them: OPENDIR answers ENOSYS (no OPENDIR, RELEASEDIR;
+  the kernel caches listings) and plain READDIR (``readdirplus = False``), where the patched
+  pyfuse3 has them (``SPOKEFS_PLAIN_READDIR``), else as a stock pyfuse3 does.
+- no flush method (the kernel gets ENOSYS once and stops sending flushes), long entry and
+  attribute timeouts, the spoke's mount options (``ro``, ``allow_other``,
+  ``default_permissions``), its pyfuse3 worker count and its 1 MiB kernel read-ahead.
+Nothing else: no cache, no network, no locks.
 
-Prints ``ceiling_fs: mounted N files (B bytes) at MNT`` once mounted; exits 0 after
-``fusermount3 -u MNT`` or SIGTERM/SIGINT (then it unmounts itself). Needs root for
-``allow_other`` and the read-ahead setting (without root, read-ahead stays at the default).
+    python benchmarks/ceiling_fs.py ROOT MNT [--open-mode kernel|handle]
+
+Prints ``ceiling_fs: mounted N files (B bytes) at MNT (open mode M, readdir R)`` once
+mounted; exits 0 after ``fusermount3 -u MNT`` or SIGTERM/SIGINT (then it unmounts itself).
+Needs root for ``allow_other`` and the read-ahead setting (without root, read-ahead stays at
+the default).
 """
 
 from __future__ import annotations
@@ -35,6 +48,10 @@ import trio
 TIMEOUT_S = 3600.0  # entry and attribute timeouts: the tree never changes
 READAHEAD_KIB = 1024  # spokefs's default kernel_readahead_kib
 MAX_TASKS = 64  # spokefs's default fuse_max_tasks
+# What the patched pyfuse3 of deploy/build-pyfuse3.sh adds: reads that name the inode
+# when the kernel opened the file itself, and plain READDIR for readdirplus = False.
+READ_INODE = bool(getattr(pyfuse3, "SPOKEFS_READ_INODE", False))
+PLAIN_READDIR = bool(getattr(pyfuse3, "SPOKEFS_PLAIN_READDIR", False))
 
 
 @dataclass
@@ -81,10 +98,12 @@ class CeilingOps(pyfuse3.Operations):
     """Answers from the dict; every other operation is pyfuse3's default (ENOSYS)."""
 
     enable_writeback_cache = False
+    readdirplus = False  # the spoke's plain READDIR (a stock pyfuse3 ignores it)
 
-    def __init__(self, nodes: dict[int, Node]) -> None:
+    def __init__(self, nodes: dict[int, Node], kernel_open: bool) -> None:
         super().__init__()
         self.nodes = nodes
+        self.kernel_open = kernel_open
 
     def _node(self, inode: int) -> Node:
         node = self.nodes.get(inode)
@@ -125,9 +144,12 @@ class CeilingOps(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EISDIR)
         if flags & (os.O_WRONLY | os.O_RDWR):
             raise pyfuse3.FUSEError(errno.EROFS)
+        if self.kernel_open:  # ENOSYS is success: the kernel opens files itself from now on
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         return pyfuse3.FileInfo(fh=pyfuse3.FileHandleT(inode), keep_cache=False)
 
     async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
+        # the handle is the inode either way (kernel opens: the patched pyfuse3 passes it)
         return self.nodes[fh].data[off:off + size]
 
     async def release(self, fh: pyfuse3.FileHandleT) -> None:
@@ -137,6 +159,8 @@ class CeilingOps(pyfuse3.Operations):
                       ctx: pyfuse3.RequestContext) -> pyfuse3.FileHandleT:
         if not stat.S_ISDIR(self._node(inode).mode):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
+        if PLAIN_READDIR:  # the kernel opens directories itself (no OPENDIR, RELEASEDIR)
+            raise pyfuse3.FUSEError(errno.ENOSYS)
         return pyfuse3.FileHandleT(inode)
 
     async def readdir(self, fh: pyfuse3.FileHandleT, start_id: int,
@@ -182,16 +206,22 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("root", type=Path, help="directory to load into memory")
     p.add_argument("mountpoint", type=Path)
+    p.add_argument("--open-mode", choices=["kernel", "handle"],
+                   default="kernel" if READ_INODE else "handle",
+                   help="as the spoke's --open-mode (default: kernel where pyfuse3 allows it)")
     args = p.parse_args(argv)
+    if args.open_mode == "kernel" and not READ_INODE:
+        p.error("--open-mode kernel needs the pyfuse3 that deploy/build-pyfuse3.sh builds")
     nodes = load_tree(args.root)
     files = [n for n in nodes.values() if stat.S_ISREG(n.mode)]
     options = set(pyfuse3.default_options) | {"ro", "allow_other", "fsname=ceilingfs",
                                               "subtype=ceilingfs"}
-    pyfuse3.init(CeilingOps(nodes), str(args.mountpoint), options)
+    pyfuse3.init(CeilingOps(nodes, args.open_mode == "kernel"), str(args.mountpoint), options)
     try:
         set_readahead(args.mountpoint, READAHEAD_KIB)
         print(f"ceiling_fs: mounted {len(files)} files ({sum(len(n.data) for n in files)} "
-              f"bytes) at {args.mountpoint}", flush=True)
+              f"bytes) at {args.mountpoint} (open mode {args.open_mode}, readdir "
+              f"{'plain' if PLAIN_READDIR else 'plus'})", flush=True)
         trio.run(_serve)
     finally:
         pyfuse3.close(unmount=True)

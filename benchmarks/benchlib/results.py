@@ -1,6 +1,6 @@
 """Results: the JSON line's common head (``run_info``: time, commit, whether the tree was
-dirty, kernel, Python, CPUs, argv), appending it (``append_jsonl``), and ``Figure``: samples
-over runs, summarised as median (min-max)."""
+dirty, kernel, Python, CPUs, argv, the FUSE open mode and readdir kind), appending it
+(``append_jsonl``), and ``Figure``: samples over runs, summarised as median (min-max)."""
 
 from __future__ import annotations
 
@@ -34,11 +34,25 @@ def git_info(repo: Path = REPO) -> dict[str, Any]:
             else None, "dirty_files": status.splitlines()[:50] if status else []}
 
 
+def fuse_path() -> dict[str, Any]:
+    """The FUSE request path that a spoke and the ceiling mounted by this run take: their
+    default open mode (``kernel``: the kernel opens files itself, where the patched pyfuse3
+    of deploy/build-pyfuse3.sh is installed; else ``handle``) and readdir kind; None for
+    both without pyfuse3 (a hub-only run)."""
+    try:
+        import pyfuse3
+    except ImportError:
+        return {"open_mode": None, "readdir": None}
+    return {"open_mode": "kernel" if getattr(pyfuse3, "SPOKEFS_READ_INODE", False) else "handle",
+            "readdir": "plain" if getattr(pyfuse3, "SPOKEFS_PLAIN_READDIR", False) else "plus"}
+
+
 def run_info(script: str) -> dict[str, Any]:
     """The head of every benchmark's JSON line."""
     return {"script": script, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **git_info(),
             "kernel": platform.release(), "python": platform.python_version(),
-            "cpus": os.cpu_count(), "host": platform.node(), "argv": sys.argv[1:]}
+            "cpus": os.cpu_count(), "host": platform.node(), "argv": sys.argv[1:],
+            **fuse_path()}
 
 
 def jsonable(value: Any) -> Any:
