@@ -10,7 +10,7 @@
 - ``History`` keeps the last steps, contiguous, at most ``max_steps`` of them and
   ``max_bytes`` of records in all; a step over ``max_bytes`` on its own is not kept (a
   spoke that far behind takes a full snapshot, which is then cheaper anyway).
-- ``ChangeFeed`` answers ``GET /v1/changes?since=G``: it compresses the steps from G to the
+- ``ChangeFeed`` answers ``GET /v2/changes?since=G``: it compresses the steps from G to the
   current generation in its one worker thread (so concurrent identical requests queue and
   then hit the cache) and caches answers per ``(since, to)`` for the current generation,
   ``max_bytes`` in total.

@@ -56,7 +56,7 @@ class HubConfig:
         rescan_interval_s: seconds between the end of one rescan and the start of the next
             (0: only on SIGHUP). A 1M-entry scan takes ~8 s of one core, so 60 s keeps the
             hub mostly idle while spokes still see changes within about a minute.
-        changes_max_steps: generation steps kept for ``GET /v1/changes`` (older ``since``
+        changes_max_steps: generation steps kept for ``GET /v2/changes`` (older ``since``
             values get 410): 16 rescans that changed something.
         changes_max_bytes: bound of the kept change records, and separately of the cached
             compressed answers (a step bigger than this is not kept: a snapshot is cheaper).

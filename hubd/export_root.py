@@ -7,7 +7,7 @@ Responsibilities:
 - ``ExportRoot.rescan``: scan again (the old snapshot keeps serving meanwhile). Nothing
   changed: the generation stays and nothing is encoded. Else the new snapshot gets
   generation ``next_generation(previous, table)`` (below), is encoded once (so each
-  ``GET /v1/snapshot`` only streams prebuilt bytes), its ``changes.diff`` from the previous
+  ``GET /v2/snapshot`` only streams prebuilt bytes), its ``changes.diff`` from the previous
   one joins the ``History``, and snapshot and history are swapped in together.
 - Generations are a function of the table, so that two hubs over one export (replicas,
   or one hub before and after a restart) that list the same entries give them the same

@@ -17,7 +17,7 @@ A ``Table`` holds the entries of one scan:
   directory by directory, so an unchanged directory costs one ``memcmp``).
 
 A ``Snapshot`` is a ``Table`` with a generation, its zlib stream (``encoded``, exactly what
-``GET /v1/snapshot`` sends) and timings. Both are immutable once built.
+``GET /v2/snapshot`` sends) and timings. Both are immutable once built.
 """
 
 from __future__ import annotations
@@ -227,7 +227,7 @@ class Snapshot:
         generation: grows on every change; a function of the table (see
             ``export_root.next_generation``), so replicas and restarts agree.
         table: the entries.
-        encoded: the zlib snapshot stream, exactly what ``GET /v1/snapshot`` sends.
+        encoded: the zlib snapshot stream, exactly what ``GET /v2/snapshot`` sends.
         scan_seconds, encode_seconds: how long the walk and the encoding took.
     """
 

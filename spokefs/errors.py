@@ -78,7 +78,7 @@ class GenerationGone(HubProtocolError):
 
 
 class HubBehind(HubProtocolError):
-    """Our generation is newer than the hub's (400 to ``/v1/changes``): a replica a rescan
+    """Our generation is newer than the hub's (400 to ``/v2/changes``): a replica a rescan
     behind the one we got it from, or a hub that numbered one tree differently."""
 
 

@@ -1,6 +1,6 @@
 """Read-ahead: keeps the far link full so that readers rarely wait.
 
-Three triggers, all filling the block cache (no private RAM queue; the RAM used is the
+Four triggers, all filling the block cache (no private RAM queue; the RAM used is the
 responses in flight, at most ``max_inflight_bytes``):
 
 1. **Sequential streams.** Each open handle (or inode) is a ``reader.Stream``. A read that

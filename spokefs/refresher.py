@@ -8,7 +8,7 @@ apply); until it has, the mount serves the stored generation, and a catch-up tha
 retried every ``CATCH_UP_RETRY_S`` (at most ``refresh_interval_s``) until one succeeds. A
 cache dir without a namespace needs the hub: the snapshot is loaded before the mount.
 
-While mounted (``run``): polls ``/v1/changes`` every ``refresh_interval_s`` and whenever
+While mounted (``run``): polls ``/v2/changes`` every ``refresh_interval_s`` and whenever
 ``trigger`` is called (``spokefs refresh``). After each applied batch, the catch-up
 included, the kernel is told to forget the names and inodes that changed
 (``pyfuse3.invalidate_*``), so the long entry and attribute timeouts never show stale

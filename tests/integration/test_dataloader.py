@@ -1,14 +1,18 @@
-"""A real PyTorch DataLoader with worker processes reads a dataset through the mount."""
+"""A real PyTorch DataLoader with worker processes reads a dataset through the mount: the
+first epoch from the hub, the next ones from the caches with not a byte from the hub."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import treegen
+from tests.helpers.procs import free_port
 
 torch = pytest.importorskip("torch")
 
@@ -37,18 +41,57 @@ def keep_as_list(batch):
     return batch
 
 
+def spoke_counts(port: int) -> dict[str, float]:
+    """From a spoke's /metrics: its FUSE reads, block hits and misses, data (blob and pack)
+    requests to the hub and bytes from it. The bytes include the ``GET /healthz`` touches
+    that keep connections open (every 10 s), so only the requests say "nothing came"."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    counts = dict.fromkeys(("reads", "hits", "misses", "data_requests", "link_bytes"), 0.0)
+    names = {"spokefs_reads_total": "reads", "spokefs_block_hits_total": "hits",
+             "spokefs_block_misses_total": "misses", "spokefs_link_bytes_total": "link_bytes"}
+    for line in text.splitlines():
+        if line.startswith("#") or not line:
+            continue
+        series, value = line.rsplit(" ", 1)
+        name = series.split("{", 1)[0]
+        if name in names:
+            counts[names[name]] += float(value)
+        elif name == "spokefs_hub_requests_total" and re.search(r'kind="(blob|pack)"', series):
+            counts["data_requests"] += float(value)
+    return counts
+
+
+def drop_pages(paths: list[bytes]) -> None:
+    """Drop the kernel's pages of the files (clean pages: the next reads reach the spoke)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def test_dataloader_reads_every_sample(tmp_path: Path, hub_factory, mount_factory) -> None:
     root = tmp_path / "dataset"
     samples = treegen.build_dataset(root, n=N_SAMPLES)
     hub = hub_factory(root)
-    mnt = os.fsencode(mount_factory(hub.url).mnt)
+    port = free_port()
+    mnt = os.fsencode(mount_factory(hub.url, "--metrics-port", str(port)).mnt)
     ds = MountedFiles([os.path.join(mnt, s.rel) for s in samples])
+    total = sum(os.path.getsize(os.path.join(os.fsencode(root), s.rel)) for s in samples)
     loader = torch.utils.data.DataLoader(
         ds, batch_size=8, shuffle=True, num_workers=2, collate_fn=keep_as_list,
         multiprocessing_context="fork", generator=torch.Generator().manual_seed(0),
         timeout=120,  # a hung worker fails the test instead of hanging it
     )
-    for epoch in range(2):  # cold, then served from the spoke's cache
+    # 0: cold, from the hub. 1: from the kernel's pages, which the spoke lets it keep across
+    # opens (keep_cache): not one read reaches the spoke. 2: those pages dropped, every file
+    # is read through the spoke, from its block cache. In 1 and 2 nothing comes from the hub.
+    for epoch in range(3):
+        if epoch == 2:
+            drop_pages(ds.paths)
+        before = spoke_counts(port)
         seen = []
         for batch in loader:
             for i, tensor in batch:
@@ -56,3 +99,12 @@ def test_dataloader_reads_every_sample(tmp_path: Path, hub_factory, mount_factor
                 assert digest == samples[i].sha256, (epoch, i, samples[i].rel)
                 seen.append(i)
         assert sorted(seen) == list(range(N_SAMPLES)), epoch
+        moved = {k: v - before[k] for k, v in spoke_counts(port).items()}
+        if epoch == 0:
+            assert moved["data_requests"] > 0 and moved["link_bytes"] >= total, moved
+            continue
+        assert moved["data_requests"] == 0 and moved["misses"] == 0, (epoch, moved)
+        if epoch == 1:
+            assert moved["reads"] == 0, moved
+        else:
+            assert moved["reads"] >= N_SAMPLES and moved["hits"] * 4096 >= total, moved

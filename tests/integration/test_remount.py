@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -32,21 +33,10 @@ def names_of(root: Path) -> set[str]:
     return {str(Path(d, n).relative_to(root)) for d, ds, fs in os.walk(root) for n in ds + fs}
 
 
-def view_of(root: Path, *, changing: bool = False) -> dict[str, tuple[int, int]]:
-    """rel path -> (mode, size), through lstat (what the kernel's attribute cache holds).
-
-    ``changing``: the namespace may change during the walk (a catch-up committing), so a
-    name listed and then gone before its lstat is left out instead of failing."""
-    out = {}
-    for rel in names_of(root):
-        try:
-            st = os.lstat(root / rel)
-        except FileNotFoundError:
-            if not changing:
-                raise
-            continue
-        out[rel] = (st.st_mode, st.st_size)
-    return out
+def view_of(root: Path) -> dict[str, tuple[int, int]]:
+    """rel path -> (mode, size), through lstat (what the kernel's attribute cache holds)."""
+    return {rel: (st.st_mode, st.st_size) for rel in names_of(root)
+            for st in [os.lstat(root / rel)]}
 
 
 @pytest.fixture
@@ -79,6 +69,16 @@ def first_mount(hub_url: str, cache: Path, mount_factory) -> dict[str, tuple[int
     return view
 
 
+def blackhole(link: LongLinkProcess, on: bool) -> None:
+    """Switch the link's blackhole and wait until the proxy has (it handles the signal
+    asynchronously; its status file, rewritten every 0.2 s, says when)."""
+    link.set_blackhole(on)
+    deadline = time.monotonic() + 10
+    while link.statistics().get("blackhole") is not on:
+        assert time.monotonic() < deadline, f"the link's blackhole is not {on} after 10 s"
+        time.sleep(0.05)
+
+
 def wait_for_log(spoke: SpokeMount, text: str, timeout_s: float = CATCH_UP_WAIT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while text not in spoke.stderr():
@@ -87,15 +87,15 @@ def wait_for_log(spoke: SpokeMount, text: str, timeout_s: float = CATCH_UP_WAIT_
 
 
 def assert_stored_then_current(spoke: SpokeMount, stored: dict[str, tuple[int, int]],
-                               src: Path) -> None:
-    """The mount serves the stored view until the catch-up, then exactly the source, with
-    no stale name or attribute left in the kernel's caches (we looked at all of them)."""
-    seen = view_of(spoke.mnt, changing=True)  # also fills the kernel's entry and attr caches
-    if "caught up with the hub" not in spoke.stderr():
-        # the catch-up may commit while the walk runs (its log line comes just after): each
-        # name the walk saw is as stored or as current, never anything else
-        current = view_of(src)
-        assert all(stored.get(k) == v or current.get(k) == v for k, v in seen.items())
+                               src: Path, release: Callable[[], None]) -> None:
+    """While the hub is held (the catch-up cannot have finished) the mount serves exactly
+    the stored view; once ``release`` lets the hub answer, exactly the source, with no stale
+    name or attribute left in the kernel's caches (the first look filled all of them)."""
+    assert "mounting the stored namespace" in spoke.stderr()
+    assert view_of(spoke.mnt) == stored  # also fills the kernel's entry and attr caches
+    assert (spoke.mnt / "data" / "f0.bin").read_bytes() == b"\0" * 10_000  # cached
+    assert "caught up with the hub" not in spoke.stderr()
+    release()
     wait_for_log(spoke, "caught up with the hub")
     assert view_of(spoke.mnt) == view_of(src)
     assert (spoke.mnt / "data" / "f1.bin").read_bytes() == (src / "data" / "f1.bin").read_bytes()
@@ -109,9 +109,14 @@ def test_remount_with_the_hub_up_mounts_stored_then_catches_up(src, tmp_path, hu
     change(src)
     hub.proc.send_signal(signal.SIGHUP)  # hubd rescans: the changes are in its history
     time.sleep(1.0)
-    spoke = mount_factory(hub.url, "--refresh-interval", "0", cache_dir=cache)
-    assert "mounting the stored namespace" in spoke.stderr()
-    assert_stored_then_current(spoke, stored, src)
+    assert hub.proc is not None
+    hub.proc.send_signal(signal.SIGSTOP)  # up (connections queue) but not answering yet
+    try:
+        spoke = mount_factory(hub.url, "--refresh-interval", "0", cache_dir=cache)
+        assert_stored_then_current(spoke, stored, src,
+                                   lambda: hub.proc.send_signal(signal.SIGCONT))
+    finally:
+        hub.proc.send_signal(signal.SIGCONT)
 
 
 def test_remount_over_a_900ms_link_browses_before_the_hub_answers(src, tmp_path, hub_factory,
@@ -124,12 +129,16 @@ def test_remount_over_a_900ms_link_browses_before_the_hub_answers(src, tmp_path,
     time.sleep(1.0)
     parts = urlsplit(hub.url)
     with LongLinkProcess((parts.hostname, parts.port), delay_ms=450, rate_mbit=0) as link:
+        # a catch-up costs a connection (1.5 round trips) and a request, 2.25 s at least;
+        # the link carries nothing until the first look is done, so that look cannot race it
+        blackhole(link, True)
         spoke = mount_factory(f"http://127.0.0.1:{link.port}", "--refresh-interval", "0",
                               cache_dir=cache)
-        # a catch-up costs a connection (1.5 round trips) and a request: 2.25 s at least,
-        # so the stored namespace is what the first look sees
-        assert_stored_then_current(spoke, stored, src)
-        spoke.unmount()
+        try:
+            assert_stored_then_current(spoke, stored, src, lambda: blackhole(link, False))
+        finally:
+            link.set_blackhole(False)
+            spoke.unmount()  # before the link goes away
         spoke.assert_clean_exit()
 
 
