@@ -14,11 +14,11 @@ Deadline. A read that misses waits at most ``deadline_s`` (the hub deadline) in 
 fails with ``HubUnavailable`` (EIO): waiting for someone else's fetch of the same chunk (a
 prefetch) that then fails does not start a whole new deadline for the read's own fetch. When
 a read fails, the kernel asks again at once (its read-ahead failed, so it reads the first
-page itself, and a large read may take a third request): a read of the same file version
-that starts within one more deadline of a failed one gets only ``_RETRY_SHARE`` of a
-deadline, enough to reach a hub that is back, so one ``read(2)`` fails within about 1.2
-deadlines while the hub is away, not one deadline per kernel request. A read that starts
-later gets a whole deadline of its own again.
+page itself): a read of the same file version that comes within ``_RETRY_WINDOW_S`` of a
+failure gets a short deadline (``_RETRY_SHARE``), enough to reach a hub that is back, so one
+``read(2)`` fails within 1.1-1.5 deadlines while the hub is away (1.5 only for deadlines of
+2 s and less), not one deadline per kernel request. A read that comes later gets a whole
+deadline again.
 """
 
 from __future__ import annotations
@@ -43,10 +43,15 @@ if TYPE_CHECKING:
     from spokefs.prefetcher import Prefetcher
 
 _FAILING_KEPT = 4096  # file versions whose reads are failing, remembered (a few hundred KiB)
-# A retry of a failed read gets this share of the deadline: the kernel retries up to twice,
-# so a read(2) fails within 1.2 deadlines; a hub back by then answers well within it (a
-# 60 s deadline gives 6 s, several round trips of even a 900 ms link).
+# The kernel's retry of a read that failed comes at once (its read-ahead failed, so it reads
+# the page itself): a read of the same file version within this long of a failure is taken
+# for one ...
+_RETRY_WINDOW_S = 0.5
+# ... and gets this share of the deadline, at least _RETRY_MIN_S (a hub that is back needs a
+# new connection, and a stale pooled one costs a retry first), at most half the deadline: so
+# a failing read(2) ends within 1.1-1.5 deadlines, not one deadline per kernel request.
 _RETRY_SHARE = 0.1
+_RETRY_MIN_S = 1.0
 
 
 @dataclass(slots=True, eq=False)
@@ -102,7 +107,7 @@ class Reader:
         self._prefetcher = prefetcher
         self._small = small_file_bytes
         self._deadline_s = deadline_s  # None: only the hub client's own deadlines apply
-        # file version -> when its last read that failed began (see "Deadline")
+        # file version -> when its last read failed (see "Deadline")
         self._failing: OrderedDict[tuple[int, int], float] = OrderedDict()
 
     def open(self, fv: FileVersion, parent_id: int) -> Stream:
@@ -173,31 +178,32 @@ class Reader:
     async def _fill_within_deadline(
         self, stream: Stream, offset: int, end: int, missing: list[int]
     ) -> bytes:
-        """``_fill`` within the deadline; for a retry of a read that failed, the deadline of
-        that read (see the module docstring, "Deadline")."""
+        """``_fill`` within the deadline; for the kernel's retry of a read that has just
+        failed, a short one (see the module docstring, "Deadline")."""
         if self._deadline_s is None:
             return await self._fill(stream, offset, end, missing)
         key = (stream.fv.file_id, stream.fv.version)
         now = trio.current_time()
-        started = self._failing.get(key)
-        if started is None or now - started > 2 * self._deadline_s:
-            started, until = now, now + self._deadline_s  # no failure just now
-        else:  # a retry: long enough to reach a hub that is back, short if it is not
-            until = now + self._deadline_s * _RETRY_SHARE
-        with trio.move_on_at(until):
+        failed_at = self._failing.get(key)
+        if failed_at is not None and now - failed_at <= _RETRY_WINDOW_S:
+            budget = min(max(self._deadline_s * _RETRY_SHARE, _RETRY_MIN_S),
+                         self._deadline_s / 2)
+        else:
+            budget = self._deadline_s
+        with trio.move_on_after(budget):
             try:
                 data = await self._fill(stream, offset, end, missing)
             except HubUnavailable:  # the hub client's own deadline, as a rule
-                self._note_failing(key, started)
+                self._note_failing(key)
                 raise
             self._failing.pop(key, None)
             return data
-        self._note_failing(key, started)
+        self._note_failing(key)
         raise HubUnavailable(f"blocks not fetched within the hub deadline "
                              f"({self._deadline_s:g}s)")
 
-    def _note_failing(self, key: tuple[int, int], started: float) -> None:
-        self._failing[key] = started
+    def _note_failing(self, key: tuple[int, int]) -> None:
+        self._failing[key] = trio.current_time()
         self._failing.move_to_end(key)
         while len(self._failing) > _FAILING_KEPT:
             self._failing.popitem(last=False)
