@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from longlink import LongLinkProcess  # noqa: E402
+from longlink import LongLinkProcess
 
 pytestmark = pytest.mark.fuse
 
@@ -123,7 +123,8 @@ def test_small_files_in_parallel_move_each_file_once(linked, data_dir):
             code = 0
             try:
                 for name in names[w::4]:
-                    if (mnt / "small" / name).read_bytes() != (data_dir / "small" / name).read_bytes():
+                    got = (mnt / "small" / name).read_bytes()
+                    if got != (data_dir / "small" / name).read_bytes():
                         code = 1
             finally:
                 os._exit(code)
