@@ -784,6 +784,7 @@ class SnapshotDecoder(_StreamDecoder):
             raise WireError("snapshot entries after the last chunk")
 
     def _parse_header(self, buf: bytearray) -> int:
+        count: int
         magic, ver, gen, root, count = _HEADER.unpack_from(buf, 0)
         if magic != _MAGIC_HEAD or ver != FORMAT_VERSION:
             raise WireError(f"not a v{FORMAT_VERSION} snapshot (magic {magic!r}, version {ver})")
@@ -890,6 +891,7 @@ class ChangesDecoder(_StreamDecoder):
         return self.header
 
     def _parse_header(self, buf: bytearray) -> int:
+        count: int
         magic, ver, since, to, root, count = _CHANGES_HEADER.unpack_from(buf, 0)
         if magic != _MAGIC_CHANGES or ver != FORMAT_VERSION:
             raise WireError(f"not v{FORMAT_VERSION} changes (magic {magic!r}, version {ver})")
