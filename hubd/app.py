@@ -19,9 +19,10 @@ import asyncio
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler, Middleware
 
 from hubd import routes, wire
 from hubd.changes import ChangeFeed
@@ -32,8 +33,6 @@ from hubd.source import Export, make_reader
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 OPEN_PATHS = frozenset({wire.HEALTH_PATH, wire.METRICS_PATH})
 
 
@@ -44,7 +43,7 @@ def make_app(cfg: HubConfig, export: Export, metrics: HubMetrics) -> web.Applica
         middlewares.append(_auth_middleware(cfg.token))
     app = web.Application(middlewares=middlewares)
     app[routes.CONFIG] = cfg
-    app[routes.EXPORT] = export  # type: ignore[assignment]  # routes' key: ExportRoot for now
+    app[routes.EXPORT] = export
     app[METRICS] = metrics
     app.cleanup_ctx.append(_reader_ctx)
     app.cleanup_ctx.append(_feed_ctx)
@@ -62,7 +61,7 @@ def make_app(cfg: HubConfig, export: Export, metrics: HubMetrics) -> web.Applica
 async def _reader_ctx(app: web.Application) -> AsyncIterator[None]:
     cfg = app[routes.CONFIG]
     reader = make_reader(app[routes.EXPORT], cfg.max_concurrent_reads, cfg.read_wait_s)
-    app[routes.READER] = reader  # type: ignore[assignment]  # routes' key: RangeReader for now
+    app[routes.READER] = reader
     app[METRICS].reads_in_flight.set_function(lambda: reader.in_flight)
     yield
     await asyncio.get_running_loop().run_in_executor(None, reader.close)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import cast
 
 from hubd.log_rate import LogEvery, since_last
 from hubd.metrics import HubMetrics
@@ -76,7 +77,9 @@ class _Counted(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if not self._limit._admit():
-            transport.abort()  # at once: close() would flush, and a TLS close waits for its peer
+            # at once: close() would flush, and a TLS close waits for its peer. A stream
+            # server's transport (TCP or TLS) is an asyncio.Transport, which has abort().
+            cast(asyncio.Transport, transport).abort()
             return
         self._inner = self._make()
         self._inner.connection_made(transport)

@@ -77,7 +77,7 @@ class FramedBlob:
         st = os.fstat(self._fd)
         if version_of(st) != self._version:  # the same fd: the same inode, so the same id
             raise StaleVersion(f"file {self._file_id:016x} changed while being read")
-        parts: list[bytes] = []
+        parts: list[bytes | memoryview] = []
         view = memoryview(data)
         for k, pos in enumerate(range(0, len(view), wire.FRAME_DATA_BYTES)):
             chunk = view[pos : pos + wire.FRAME_DATA_BYTES]

@@ -105,15 +105,19 @@ class HubMetrics:
         skipped = Gauge("hubd_s3_skipped_keys", "Keys of the latest listing left out (not "
                         "a POSIX path), by reason", ["reason"], registry=self.registry)
         for reason in SKIP_REASONS:
-            skipped.labels(reason=reason).set_function(
-                lambda reason=reason: export.skipped[reason])
+            def skipped_now(reason: str = reason) -> int:
+                return export.skipped[reason]  # the latest listing's (export.skipped is replaced)
+
+            skipped.labels(reason=reason).set_function(skipped_now)
         stats = export.client.stats
         for name, doc in (("requests", "S3 requests sent (retries included)"),
                           ("retries", "S3 requests retried (5xx, throttling, no connection)"),
                           ("list_pages", "ListObjectsV2 pages received"),
                           ("get_bytes", "Object bytes received by ranged GETs")):
-            Gauge(f"hubd_s3_{name}", doc, registry=self.registry).set_function(
-                lambda name=name: getattr(stats, name))
+            def stat_now(name: str = name) -> int:
+                return getattr(stats, name)
+
+            Gauge(f"hubd_s3_{name}", doc, registry=self.registry).set_function(stat_now)
 
     def observe_snapshot(self, snap: Snapshot) -> None:
         self.snapshot_generation.set(snap.generation)

@@ -23,15 +23,16 @@ from hubd import wire
 from hubd.changes import ChangeFeed
 from hubd.config import HubConfig
 from hubd.errors import BadGeneration, BadId, BadPack, HubError, ProtocolVersion
-from hubd.export_root import ExportRoot
 from hubd.metrics import METRICS
-from hubd.range_reader import RangeReader, parse_range
+from hubd.range_reader import parse_range
+from hubd.source import Export, Reader
 
 log = logging.getLogger(__name__)
 
 CONFIG = web.AppKey("config", HubConfig)
-EXPORT = web.AppKey("export", ExportRoot)
-READER = web.AppKey("reader", RangeReader)
+# Either backend (source.py): protocols, which cannot be AppKey's second (class) argument
+EXPORT = web.AppKey[Export]("export")
+READER = web.AppKey[Reader]("reader")
 FEED = web.AppKey("feed", ChangeFeed)
 _MAX_GENERATION_DIGITS = 20  # 2**64 has 20 digits
 
@@ -179,7 +180,7 @@ _SEND_MIN_RATE = 256_000  # bytes per second
 
 
 async def _send(request: web.Request, resp: web.StreamResponse,
-                chunks: Iterable[bytes | memoryview] | AsyncIterator[bytes],
+                chunks: Iterable[bytes | memoryview] | AsyncIterator[bytes | memoryview],
                 total: int | None = None) -> None:
     """Prepare ``resp`` and write ``chunks`` (``total`` bytes); a vanished client just ends
     the response, and so does a file that changed after the first piece (the client, who

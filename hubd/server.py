@@ -31,6 +31,7 @@ import signal
 import socket
 import sys
 import threading
+from typing import Any, TypedDict
 
 from aiohttp import web
 
@@ -58,6 +59,14 @@ SHUTDOWN_GRACE_S = 5.0  # in-flight answers get this long after SIGTERM
 # keeps reading and dropping the body this long so the client sees the answer before the
 # close; its default, 10 s, lets a slow client hold on.
 LINGER_S = 2.0
+
+
+class _HandlerArgs(TypedDict):
+    """What the runner and each connection's ``HubRequestHandler`` are given alike."""
+
+    access_log: logging.Logger | None  # None: no access log (aiohttp's documented value)
+    keepalive_timeout: float
+    lingering_time: float
 
 
 async def serve(cfg: HubConfig) -> int:
@@ -134,7 +143,8 @@ async def _first_scan(export: Export, stop: asyncio.Event) -> bool:
     loop = asyncio.get_running_loop()
     scan = asyncio.ensure_future(loop.run_in_executor(None, export.rescan, cancel))
     stopped = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({scan, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    either: set[asyncio.Future[Any]] = {scan, stopped}
+    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     stopped.cancel()
     if not scan.done():
         cancel.set()
@@ -161,8 +171,8 @@ async def _serve_until(stop: asyncio.Event, hup: asyncio.Event, cfg: HubConfig,
     # keepalive_timeout: aiohttp arms it when a connection opens and after each answer and
     # closes the connection if no whole request header has arrived by then, so it is also
     # the bound on a client that sends its header slowly.
-    handler_args = {"access_log": access_log, "keepalive_timeout": cfg.idle_timeout_s,
-                    "lingering_time": LINGER_S}
+    handler_args = _HandlerArgs(access_log=access_log, keepalive_timeout=cfg.idle_timeout_s,
+                                lingering_time=LINGER_S)
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S,
                            **handler_args)
     limit = ConnectionLimit(connection_cap(nofile, cfg.max_concurrent_reads), metrics)
@@ -180,7 +190,10 @@ async def _serve_until(stop: asyncio.Event, hup: asyncio.Event, cfg: HubConfig,
         # RequestHandlers) behind the connection limit. Each handler registers with
         # ``server``, which closes them on runner.cleanup().
         listener = await loop.create_server(
-            limit.factory(lambda: HubRequestHandler(server, loop=loop, **handler_args)),
+            # aiohttp annotates RequestHandler's access_log as Logger, though its documented
+            # None (no access log) is what the handler itself tests for
+            limit.factory(lambda: HubRequestHandler(server, loop=loop,
+                                                    **handler_args)),  # type: ignore[arg-type]
             sock=sock, ssl=cfg.tls, backlog=LISTEN_BACKLOG)
         log.info("config: %r", cfg)  # the token and TLS fields are repr=False
         first = export.state.snapshot

@@ -138,12 +138,12 @@ class Table:
     def entry(self, index: int) -> wire.Entry:
         return wire.decode_entry(self.records, self.offsets[index])[0]
 
-    def record(self, index: int) -> bytes:
-        """Entry ``index`` in its wire encoding."""
+    def record(self, index: int) -> bytearray:
+        """Entry ``index`` in its wire encoding (a copy)."""
         return self.records[self.offsets[index] : self.offsets[index + 1]]
 
-    def records_of(self, first: int, stop: int) -> bytes:
-        """Entries ``first`` to ``stop - 1`` in their wire encoding."""
+    def records_of(self, first: int, stop: int) -> bytearray:
+        """Entries ``first`` to ``stop - 1`` in their wire encoding (a copy)."""
         return self.records[self.offsets[first] : self.offsets[stop]]
 
     def index_of(self, file_id: int) -> int | None:

@@ -60,7 +60,10 @@ class Framed(Protocol):
 class Reader(Protocol):
     """Bounded reads of the current snapshot's files (see the module docstring)."""
 
-    in_flight: int
+    @property
+    def in_flight(self) -> int:
+        """How many requests hold a read slot now (both backends: ``ReadSlots.in_flight``)."""
+        ...
 
     def slot(self) -> AbstractAsyncContextManager[None]: ...
 

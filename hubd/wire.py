@@ -192,6 +192,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 API_VERSION = 2
 FORMAT_VERSION = 1  # of the snapshot and changes streams, unchanged since protocol v1
@@ -628,11 +629,14 @@ def _check_attrs(e: Entry) -> None:
         raise WireError(f"entry {e.file_id:x}: absurd size {e.size}")
 
 
-class _StreamDecoder:
+_Item = TypeVar("_Item")
+
+
+class _StreamDecoder(Generic[_Item]):
     """A zlib stream of ``HEADER, ITEM * count, TRAILER``: the framing both formats share.
 
     Subclasses parse the header (``_parse_header`` returns the item count) and one item
-    (``_parse_item``); this class handles chunks, the trailer and truncation.
+    (``_parse_item``, an ``_Item``); this class handles chunks, the trailer and truncation.
     """
 
     _what = "stream"
@@ -649,14 +653,14 @@ class _StreamDecoder:
     def _parse_header(self, buf: bytearray) -> int:
         raise NotImplementedError
 
-    def _parse_item(self, buf: bytearray, pos: int) -> tuple[object, int] | None:
+    def _parse_item(self, buf: bytearray, pos: int) -> tuple[_Item, int] | None:
         raise NotImplementedError
 
-    def _feed(self, data: bytes) -> Iterator[object]:
+    def _feed(self, data: bytes | memoryview) -> Iterator[_Item]:
         for _ in self._inflated(data):
             yield from self._drain()
 
-    def _inflated(self, data: bytes) -> Iterator[None]:
+    def _inflated(self, data: bytes | memoryview) -> Iterator[None]:
         """Inflate ``data`` into ``_buf`` at most ``_PLAIN_STEP`` plain bytes at a time;
         after each step the caller drains ``_buf``."""
         while True:
@@ -671,7 +675,7 @@ class _StreamDecoder:
             if not data and len(plain) < _PLAIN_STEP:  # a full step may leave output held
                 return
 
-    def _inflate(self, data: bytes) -> bytes:
+    def _inflate(self, data: bytes | memoryview) -> bytes:
         try:
             return self._z.decompress(data, _PLAIN_STEP)
         except zlib.error as exc:
@@ -716,7 +720,7 @@ class _StreamDecoder:
             raise WireError(f"data after the {self._what} trailer")
         return pos
 
-    def _drain(self) -> Iterator[object]:
+    def _drain(self) -> Iterator[_Item]:
         pos = self._start()
         if pos is None:
             return
@@ -735,7 +739,7 @@ class _StreamDecoder:
         del buf[:pos]
 
 
-class SnapshotDecoder(_StreamDecoder):
+class SnapshotDecoder(_StreamDecoder[Row]):
     """Incremental, validating decoder: feed compressed chunks, get entries.
 
     It rejects what a hostile or broken hub could send: unknown magic or version, ids below
@@ -757,10 +761,10 @@ class SnapshotDecoder(_StreamDecoder):
         self.header: SnapshotHeader | None = None
         self._dirs: set[int] = set()
 
-    def feed(self, data: bytes) -> Iterator[Entry]:
+    def feed(self, data: bytes | memoryview) -> Iterator[Entry]:
         return (Entry(*row) for row in self.feed_rows(data))
 
-    def feed_rows(self, data: bytes) -> list[Row]:
+    def feed_rows(self, data: bytes | memoryview) -> list[Row]:
         """The entries completed by one more chunk of the compressed stream, as ``Row``s.
 
         Raises:
@@ -784,6 +788,7 @@ class SnapshotDecoder(_StreamDecoder):
             raise WireError("snapshot entries after the last chunk")
 
     def _parse_header(self, buf: bytearray) -> int:
+        count: int
         magic, ver, gen, root, count = _HEADER.unpack_from(buf, 0)
         if magic != _MAGIC_HEAD or ver != FORMAT_VERSION:
             raise WireError(f"not a v{FORMAT_VERSION} snapshot (magic {magic!r}, version {ver})")
@@ -861,7 +866,7 @@ class SnapshotDecoder(_StreamDecoder):
         del buf[:pos]
 
 
-class ChangesDecoder(_StreamDecoder):
+class ChangesDecoder(_StreamDecoder[Upsert | Remove]):
     """Incremental, validating decoder of a changes answer: feed chunks, get records.
 
     ``feed`` yields ``Upsert`` and ``Remove`` records in order. It rejects unknown magic or
@@ -880,8 +885,8 @@ class ChangesDecoder(_StreamDecoder):
         super().__init__(max_records)
         self.header: ChangesHeader | None = None
 
-    def feed(self, data: bytes) -> Iterator[Upsert | Remove]:
-        return self._feed(data)  # type: ignore[return-value]
+    def feed(self, data: bytes | memoryview) -> Iterator[Upsert | Remove]:
+        return self._feed(data)
 
     def finish(self) -> ChangesHeader:
         """Call after the last chunk; raises WireError if the stream was cut short."""
@@ -890,6 +895,7 @@ class ChangesDecoder(_StreamDecoder):
         return self.header
 
     def _parse_header(self, buf: bytearray) -> int:
+        count: int
         magic, ver, since, to, root, count = _CHANGES_HEADER.unpack_from(buf, 0)
         if magic != _MAGIC_CHANGES or ver != FORMAT_VERSION:
             raise WireError(f"not v{FORMAT_VERSION} changes (magic {magic!r}, version {ver})")

@@ -6,12 +6,12 @@ the cache dir, and they work for any user who can see the path. None of these na
 listed by ``listxattr`` (a copy tool must not trigger them), and reading them is harmless:
 warm and refresh are idempotent.
 
-| attribute              | on            | value (ASCII)                                              |
-| ---------------------- | ------------- | ---------------------------------------------------------- |
-| ``user.spokefs.cached``| file or dir   | ``<cached bytes> <total bytes>`` (a dir: its whole subtree) |
-| ``user.spokefs.status``| any path      | JSON: cache use, hit ratio, namespace generation and size  |
-| ``user.spokefs.refresh``| any path     | polls the hub for changes now; the new generation          |
-| ``user.spokefs.warm``  | file          | fetches the whole file at full link speed; bytes fetched   |
+| attribute                | on        | value (ASCII)                                             |
+| ------------------------ | --------- | --------------------------------------------------------- |
+| ``user.spokefs.cached``  | file, dir | ``<cached bytes> <total bytes>`` (dir: its whole subtree) |
+| ``user.spokefs.status``  | any path  | JSON: cache use, hit ratio, namespace generation and size |
+| ``user.spokefs.refresh`` | any path  | polls the hub for changes now; the new generation         |
+| ``user.spokefs.warm``    | file      | fetches the whole file at full link speed; bytes fetched  |
 
 Traces, replays and pins have attributes of their own: ``job_control``.
 """

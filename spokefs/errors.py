@@ -26,8 +26,8 @@ import contextlib
 import errno
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Iterator
-from typing import ClassVar, ParamSpec, TypeVar
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, ClassVar, ParamSpec, TypeVar
 
 import pyfuse3
 
@@ -135,8 +135,11 @@ def single_spoke_error() -> Iterator[None]:
         raise
 
 
-def fuse_errors(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """Turn domain errors into ``FUSEError``; turn bugs into a loud EIO that keeps the mount up."""
+def fuse_errors(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
+    """Turn domain errors into ``FUSEError``; turn bugs into a loud EIO that keeps the mount up.
+
+    Typed with ``Coroutine``, not ``Awaitable``: pyfuse3's ``Operations`` handlers are
+    coroutine functions, and a wrapped handler must still override one."""
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:

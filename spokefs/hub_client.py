@@ -45,6 +45,7 @@ is a default header of the client: it is never logged or put in a message.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import ssl
@@ -405,10 +406,9 @@ class HubClient:
         """``_check_status`` for a streamed answer; an error's short body is read first so
         the connection can be reused."""
         if resp.status_code not in (200, 206):
-            try:
+            # an over-long error body: the connection is closed instead
+            with contextlib.suppress(HubProtocolError):
                 await read_capped(resp, _ERROR_BODY_MAX)
-            except HubProtocolError:
-                pass  # an over-long error body: the connection is closed instead
         self._check_status(resp, kind)
 
     def _check_status(self, resp: httpx.Response, kind: str) -> None:

@@ -14,9 +14,9 @@ machine, so it is found by measurement rather than assumed:
   half each interval (two median latencies long, so each setting is judged on requests that
   started and finished under it) as long as the rate keeps improving by more than
   ``_BETTER``; when it stops improving, the limit returns to the best setting seen and holds
-  for ``_HOLD`` intervals, then probes again (the link may have grown). The best rate decays slowly so a link that
-  got slower is re-measured. With no work waiting, the limit is not what limits the rate,
-  and nothing changes.
+  for ``_HOLD`` intervals, then probes again (the link may have grown). The best rate decays
+  slowly so a link that got slower is re-measured. With no work waiting, the limit is not
+  what limits the rate, and nothing changes.
 
 The limit stays within ``[min_requests, max_requests]``; ``max_requests x request_bytes`` is
 the memory bound on response bodies in flight.

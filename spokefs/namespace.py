@@ -132,13 +132,15 @@ class _BulkLoader:
 
     _STEP = 1 << 20  # compressed bytes decoded per batch
 
-    def __init__(self, attr: object, dent: object, dpos: object) -> None:
+    # lmdb._Database: what open_db returns (the module exports no public name for it)
+    def __init__(self, attr: lmdb._Database, dent: lmdb._Database,
+                 dpos: lmdb._Database) -> None:
         self._attr, self._dent, self._dpos = attr, dent, dpos
         self._positions: dict[int, int] = {}
         self.count = 0
         self.total = 0
 
-    def load(self, txn: lmdb.Transaction, compressed: bytes) -> wire.SnapshotHeader:
+    def load(self, txn: lmdb.Transaction[bytes], compressed: bytes) -> wire.SnapshotHeader:
         """Decode and store every entry; the snapshot's header.
 
         Raises:
@@ -152,7 +154,7 @@ class _BulkLoader:
                 self._store(txn, rows)
         return decoder.finish()
 
-    def _store(self, txn: lmdb.Transaction, rows: list[wire.Row]) -> None:
+    def _store(self, txn: lmdb.Transaction[bytes], rows: list[wire.Row]) -> None:
         pack_id, pack_attr = _ID.pack, _ATTR.pack
         attrs = [
             (pack_id(r[0]), pack_attr(r[2], r[3], r[4], r[5], r[6], r[1]) + r[8]) for r in rows
@@ -184,7 +186,7 @@ class _BulkLoader:
         return dents, dposs
 
 
-def _duplicate_name(txn: lmdb.Transaction, dent: object,
+def _duplicate_name(txn: lmdb.Transaction[bytes], dent: lmdb._Database,
                     items: list[tuple[bytes, bytes]]) -> str:
     """The message for a name listed twice in a directory (one of ``items`` was not new)."""
     seen: set[bytes] = set()
@@ -261,7 +263,7 @@ class Namespace:
         stale += [ROOT_INODE if fid == old_root else fid for fid in old_dirs]
         return Applied(info, [(ROOT_INODE, n) for n in old_roots], stale, loader.count)
 
-    def _names_in(self, txn: lmdb.Transaction, dir_id: int) -> list[bytes]:
+    def _names_in(self, txn: lmdb.Transaction[bytes], dir_id: int) -> list[bytes]:
         prefix = _ID.pack(dir_id)
         cur = txn.cursor(db=self._dent)
         names = []
@@ -272,7 +274,7 @@ class Namespace:
                 names.append(key[8:])
         return names
 
-    def _files_and_dirs(self, txn: lmdb.Transaction) -> tuple[dict[int, int], list[int]]:
+    def _files_and_dirs(self, txn: lmdb.Transaction[bytes]) -> tuple[dict[int, int], list[int]]:
         """Each regular file's version, and the directories (by file id)."""
         files, dirs = {}, []
         for key, raw in txn.cursor(db=self._attr):
@@ -330,7 +332,7 @@ class Namespace:
         self.info = new
         return Applied(new, batch.names, sorted(batch.inodes), count)
 
-    def _upsert(self, txn: lmdb.Transaction, e: wire.Entry, b: _Batch) -> None:
+    def _upsert(self, txn: lmdb.Transaction[bytes], e: wire.Entry, b: _Batch) -> None:
         key = _ID.pack(e.file_id)
         old = txn.get(key, db=self._attr)
         if e.parent_id:
@@ -348,7 +350,7 @@ class Namespace:
         attr = _ATTR.pack(e.mode, e.size, e.mtime_ns, e.nlink, e.version, e.parent_id)
         txn.put(key, attr + e.target, db=self._attr)
 
-    def _check_parent(self, txn: lmdb.Transaction, e: wire.Entry) -> None:
+    def _check_parent(self, txn: lmdb.Transaction[bytes], e: wire.Entry) -> None:
         raw = txn.get(_ID.pack(e.parent_id), db=self._attr)
         if raw is None or not stat.S_ISDIR(_ATTR.unpack_from(raw)[0]):
             raise wire.WireError(f"{e.name[:40]!r}: parent {e.parent_id:x} is not a directory")
@@ -362,7 +364,7 @@ class Namespace:
             raw = txn.get(_ID.pack(node), db=self._attr)
             depth += 1
 
-    def _link(self, txn: lmdb.Transaction, e: wire.Entry, b: _Batch) -> None:
+    def _link(self, txn: lmdb.Transaction[bytes], e: wire.Entry, b: _Batch) -> None:
         dkey = _ID.pack(e.parent_id) + e.name
         child = _ID.pack(e.file_id)
         dent = txn.get(dkey, db=self._dent)
@@ -378,7 +380,7 @@ class Namespace:
         txn.put(dkey, child + _POS_ONLY.pack(pos), db=self._dent)
         txn.put(_POS.pack(e.parent_id, pos), child + e.name, db=self._dpos)
 
-    def _remove(self, txn: lmdb.Transaction, parent: int, name: bytes, b: _Batch) -> None:
+    def _remove(self, txn: lmdb.Transaction[bytes], parent: int, name: bytes, b: _Batch) -> None:
         dkey = _ID.pack(parent) + name
         dent = txn.get(dkey, db=self._dent)
         if dent is None:
@@ -393,7 +395,7 @@ class Namespace:
         if raw is not None and not stat.S_ISDIR(_ATTR.unpack_from(raw)[0]):
             b.unlinked[fid] = _ATTR.unpack_from(raw)[1]
 
-    def _next_pos(self, txn: lmdb.Transaction, parent: int, b: _Batch) -> int:
+    def _next_pos(self, txn: lmdb.Transaction[bytes], parent: int, b: _Batch) -> int:
         pos = b.next_pos.get(parent)
         if pos is None:
             cur = txn.cursor(db=self._dpos)
@@ -405,7 +407,7 @@ class Namespace:
         b.next_pos[parent] = pos + 1
         return pos
 
-    def _put_info(self, txn: lmdb.Transaction, info: NamespaceInfo) -> None:
+    def _put_info(self, txn: lmdb.Transaction[bytes], info: NamespaceInfo) -> None:
         for key, value in (
             (b"generation", info.generation), (b"root", info.root_id),
             (b"entries", info.entries), (b"total_bytes", info.total_bytes),
@@ -593,7 +595,7 @@ class Namespace:
         position order; one read transaction, no object per entry but the tuple."""
         prefix = _ID.pack(dir_id)
         unpack_attr = _ATTR.unpack_from
-        out = []
+        out: list[tuple[int, int, int, int, bytes]] = []
         with self._env.begin() as txn:
             cur = txn.cursor(db=self._dpos)
             if not cur.set_range(prefix):

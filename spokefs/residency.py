@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+from collections.abc import Callable
 
 
 class _PyBuffer(ctypes.Structure):
@@ -41,6 +42,7 @@ _get_buffer.restype = ctypes.c_int
 _release_buffer = ctypes.pythonapi.PyBuffer_Release
 _release_buffer.argtypes = [ctypes.POINTER(_PyBuffer)]
 _release_buffer.restype = None
+_mincore: Callable[..., int] | None  # libc.mincore, where there is one
 try:
     _libc = ctypes.CDLL(None, use_errno=True)
     _mincore = _libc.mincore

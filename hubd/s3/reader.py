@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import stat
+from typing import Any
 
 import xxhash
 
@@ -97,7 +98,8 @@ class BucketBlob:
     def close(self) -> None:
         """Cancel the GETs still running (the answer ended early); the error of one that
         failed unawaited (a read ahead) is dropped: the answer has ended anyway."""
-        for waiter in (*self._gets.values(), *self._slices.values()):
+        waiters: tuple[asyncio.Future[Any], ...] = (*self._gets.values(), *self._slices.values())
+        for waiter in waiters:
             if waiter.done():
                 if not waiter.cancelled():
                     waiter.exception()  # retrieved: no "never retrieved" warning

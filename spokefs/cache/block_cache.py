@@ -158,6 +158,7 @@ from spokefs.cache.store import (
     ORIGINS,
     ChunkStore,
     Found,
+    Looked,
     NotResident,
     Plan,
     ReadResult,
@@ -431,7 +432,7 @@ class BlockCache:
             record: count the read as a visit of its chunks (for eviction); a second look
                 at the same range by the same read, after a fill, passes False.
         """
-        got = await self._read(None, "get", file_id, version, first, last)
+        got: Looked | None = await self._read(None, "get", file_id, version, first, last)
         if got is None:
             return Found()
         found, corrupt, seen = got
@@ -481,7 +482,8 @@ class BlockCache:
                            record: bool = True) -> ReadResult:
         """``read`` in a worker thread, for bytes that must come from the disk: the event
         loop goes on serving others meanwhile, and concurrent reads' disk waits overlap."""
-        res = await self._read(None, "read", file_id, version, offset, end, self._staged.get)
+        res: ReadResult | None = await self._read(None, "read", file_id, version, offset, end,
+                                                  self._staged.get)
         return self._after_read(res, file_id, version, offset, end, record)
 
     def _after_read(self, res: ReadResult | None, file_id: int, version: int, offset: int,

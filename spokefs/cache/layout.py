@@ -161,7 +161,7 @@ class CacheState:
     evicted: int = 0
 
     @classmethod
-    def decode(cls, raw: bytes | None) -> CacheState:
+    def decode(cls, raw: bytes | memoryview | None) -> CacheState:
         if raw is None:
             return cls()
         return cls(*_STATE.unpack(raw))

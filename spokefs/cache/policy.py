@@ -87,7 +87,7 @@ class AccessClock:
             slots *= 2
         self._mask = slots - 1
         self._table = array("Q", bytes(8 * slots))
-        self._recent: OrderedDict[bytes, None] = OrderedDict()
+        self._recent: OrderedDict[bytes, int] = OrderedDict()  # chunk key -> last block slot
         self.tick = 0
         self.interval = 0.0
         self.protected_share = 1.0

@@ -74,6 +74,10 @@ class Found(dict[int, bytes]):
         self.by_origin = [0] * len(ORIGINS)
 
 
+# ChunkStore.get: verified blocks, the corrupt indexes, each chunk looked at with its header
+Looked = tuple[Found, list[int], list[tuple[bytes, ChunkHead | None]]]
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """What a write transaction needs from the policy state of the trio thread.
@@ -164,9 +168,7 @@ class ChunkStore:
 
     # -- read transactions ----------------------------------------------------------
 
-    def get(
-        self, file_id: int, version: int, first: int, last: int
-    ) -> tuple[Found, list[int], list[tuple[bytes, ChunkHead | None]]]:
+    def get(self, file_id: int, version: int, first: int, last: int) -> Looked:
         """Verified blocks among ``first..last``, the indexes that failed their checksum (or
         whose header is garbage), and each chunk of the range with its header (or None)."""
         found = Found()
@@ -228,7 +230,7 @@ class ChunkStore:
                 base = ci * CHUNK_SIZE
                 a, b = max(offset, base) - base, min(end, base + CHUNK_SIZE) - base
                 key = KEY.pack(file_id, version, ci)
-                got = _from_staged(staged(key), a, b, res)
+                got: list[memoryview | bytes] | None = _from_staged(staged(key), a, b, res)
                 if got is None:
                     got = self._from_store(txn, key, a, b, staged(key), res, inline)
                 else:
@@ -725,7 +727,7 @@ def _verify(head: ChunkHead, view: memoryview, lo: int, hi: int) -> list[int]:
 
 def _from_staged(
     staged: list[Staged] | None, a: int, b: int, res: ReadResult
-) -> list[memoryview] | None:
+) -> list[memoryview | bytes] | None:
     """Bytes ``[a, b)`` of a chunk from one staged piece that holds them all, if any."""
     if not staged:
         return None
@@ -742,7 +744,7 @@ def _from_staged(
 def _assemble(
     head: ChunkHead | None, value: memoryview | bytes | None, staged: list[Staged] | None,
     a: int, b: int, res: ReadResult,
-) -> list[bytes] | None:
+) -> list[memoryview | bytes] | None:
     """Bytes ``[a, b)`` of a chunk whose blocks are partly stored, partly staged (rare)."""
     lo, hi = a // BLOCK_SIZE, (b - 1) // BLOCK_SIZE
     blocks: dict[int, bytes] = {}
@@ -766,5 +768,5 @@ def _assemble(
     return [body[a - lo * BLOCK_SIZE : b - lo * BLOCK_SIZE]]
 
 
-def nblocks(data: bytes) -> int:
+def nblocks(data: bytes | memoryview) -> int:
     return -(-len(data) // BLOCK_SIZE)

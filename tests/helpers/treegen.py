@@ -107,6 +107,11 @@ class Tree:
         """The absolute path of a tree-relative path."""
         return os.path.join(self.root, rel) if rel else self.root
 
+    def read(self, rel: bytes) -> bytes:
+        """The contents of a tree-relative file."""
+        with open(self.abs(rel), "rb") as f:
+            return f.read()
+
 
 def _write(path: bytes, data: bytes, mode: int = 0o644) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)

@@ -14,6 +14,7 @@ Every category prints its case count and status histogram (``pytest -s`` shows t
 from __future__ import annotations
 
 import collections
+import contextlib
 import random
 import select
 import socket
@@ -65,10 +66,9 @@ def exchange(port: int, raw: bytes, timeout_s: float = 10.0) -> Reply:
     """Send ``raw`` on a fresh connection and read until hubd closes it."""
     data = b""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
-        try:
+        # hubd may close early on an oversized request: read what it said
+        with contextlib.suppress(OSError):
             sock.sendall(raw)
-        except OSError:
-            pass  # hubd may close early on an oversized request: read what it said
         try:
             while chunk := sock.recv(1 << 16):
                 data += chunk
@@ -202,7 +202,7 @@ def status_in(*allowed: int) -> Check:
 
 HUGE = ["0", "1", "-1", "99999999999999999999999", str(2**63), str(2**63 - 1), str(2**64),
         str(2**64 - 1), "-" + str(2**63), "00000000000000000000000001", "1e3", "0x10", "+1",
-        "١", "1.5", " 1", "1 ", ""]
+        "\u0661", "1.5", " 1", "1 ", ""]
 
 
 def hostile_range(rng: random.Random, size: int) -> str:
@@ -222,7 +222,7 @@ def hostile_range(rng: random.Random, size: int) -> str:
                            "BYTES=0-1", "Bytes=0-1", "bytes= 0-1", "bytes=0-\t1", "bytes=0-1\t"])
     if kind == 5:
         return rng.choice(["items=0-1", "bytes:0-1", "bytes=0-1;q=1", "bytes=a-b", "bytes=0x0-0x10",
-                           "bytes=١-٢", "bytes=½-1", "bytes=0-1\x0b"])
+                           "bytes=\u0661-\u0662", "bytes=½-1", "bytes=0-1\x0b"])
     if kind == 6:  # edges of the file
         a = rng.choice([0, size - 1, size, size + 1, 2**62])
         b = rng.choice([a, a + 1, size - 1, size, size + 10**6, a - 1])

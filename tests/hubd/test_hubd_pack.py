@@ -99,7 +99,8 @@ def test_gone_members_keep_their_place(tree: Tree) -> None:
     async def check(client: TestClient, paths: dict[bytes, wire.Entry],
                     entries: list[wire.Entry]) -> None:
         (plan,) = plans_of(entries, paths[b""].file_id)
-        with open(tree.root / "hard1", "ab") as f:  # changed on disk since the scan
+        # changed on disk since the scan; a blocking 4-byte write that must land before the GET
+        with open(tree.root / "hard1", "ab") as f:  # noqa: ASYNC230
             f.write(b"more")
         os.unlink(tree.root / "plain.txt")  # gone from disk
         got = await decoded(await client.get(plan.path), plan)

@@ -9,9 +9,7 @@ from pathlib import Path
 
 from hubd import wire
 from hubd.export_root import file_id_of, version_of
-from tests.hubd.hubd_testlib import (
-    DATA, Answer, Hub, Tree, decode_snapshot, paths_of, unframed,
-)
+from tests.hubd.hubd_testlib import DATA, Answer, Hub, Tree, decode_snapshot, paths_of, unframed
 
 StartHub = Callable[..., Hub]
 

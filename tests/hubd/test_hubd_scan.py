@@ -20,7 +20,6 @@ from hubd.export_root import (
     next_generation,
     version_of,
 )
-
 from tests.hubd.hubd_testlib import DATA, ODD_NAMES, Tree, decode_snapshot, paths_of
 
 

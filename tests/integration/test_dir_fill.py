@@ -2,9 +2,9 @@
 the order of arrivals matters).
 
 What is checked is order and bytes, not speed: a fill starts at a directory's first read
-that misses (a readdir only arms it) and brings in the files nobody has read; a reader whose file is in a pack on its
-way gets it while the rest of the pack is still on the link; a directory whose files were
-evicted is filled again when a later pass misses one of them.
+that misses (a readdir only arms it) and brings in the files nobody has read; a reader whose
+file is in a pack on its way gets it while the rest of the pack is still on the link; a
+directory whose files were evicted is filled again when a later pass misses one of them.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from longlink import LongLinkProcess  # noqa: E402
+from longlink import LongLinkProcess
 
 pytestmark = pytest.mark.fuse
 

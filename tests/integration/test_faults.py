@@ -33,7 +33,7 @@ from tests.helpers.procs import SpokeMount, free_port, is_mounted, run_spokefs, 
 from tests.helpers.tmpfs import tmpfs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from longlink import LongLinkProcess  # noqa: E402
+from longlink import LongLinkProcess
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow]
 
@@ -83,7 +83,8 @@ class Tally:
 
 
 def _first_diff(a: bytes, b: bytes) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    pairs = enumerate(zip(a, b, strict=False))  # up to the shorter one
+    return next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))
 
 
 def drop_pages(fd: int) -> None:
@@ -226,7 +227,8 @@ def run_outage(name: str, spoke: SpokeMount, src: Path, inject: Callable[[], Non
     held_rel = cold[-1]
     held = os.open(mnt / held_rel, os.O_RDONLY)
     held_src = os.open(src / held_rel, os.O_RDONLY)
-    order = ["big.bin"] + [x for pair in zip(warm, cold) for x in pair] + warm[len(cold):]
+    interleaved = [x for pair in zip(warm, cold, strict=False) for x in pair]
+    order = ["big.bin", *interleaved, *warm[len(cold):]]
     at_fault, fault_on = threading.Event(), threading.Event()
     results: list[FileResult] = []
     reader = threading.Thread(target=_epoch, daemon=True, args=(
@@ -453,7 +455,7 @@ def test_cache_on_a_full_disk_degrades_and_reads_stay_exact(tmp_path, tiny_fs, h
     rels = files_under(src)
     try:
         spoke.start()
-        for pass_no in range(2):
+        for _ in range(2):
             for rel in rels:
                 read_whole(tally, spoke.mnt / rel, src / rel)
             for _ in range(300):  # random reads across all of it

@@ -32,6 +32,11 @@ def _b(path: os.PathLike | str | bytes) -> bytes:
     return os.fsencode(path)
 
 
+def _read(path: bytes) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
 @pytest.fixture(scope="module")
 def mnt(shared_mount: SpokeMount) -> bytes:
     return _b(shared_mount.mnt)
@@ -131,7 +136,7 @@ def test_symlinks_resolve_like_the_source(mnt: bytes, source_tree: treegen.Tree)
     links = source_tree.symlinks
     # inside file and inside dir resolve within the mount
     with open(os.path.join(mnt, links["file"]), "rb") as f:
-        assert f.read() == open(source_tree.abs(source_tree.sized[4096]), "rb").read()
+        assert f.read() == source_tree.read(source_tree.sized[4096])
     assert sorted(os.listdir(os.path.join(mnt, links["dir"]))) == [b"d1"]
     with pytest.raises(FileNotFoundError):
         os.stat(os.path.join(mnt, links["dangling"]))
@@ -157,7 +162,7 @@ def test_awkward_names_round_trip(mnt: bytes, source_tree: treegen.Tree) -> None
             assert os.listdir(path) == os.listdir(source_tree.abs(rel))
         else:
             with open(path, "rb") as f:
-                assert f.read() == open(source_tree.abs(rel), "rb").read(), rel
+                assert f.read() == source_tree.read(rel), rel
 
 
 # -- data -----------------------------------------------------------------------------------
@@ -236,7 +241,7 @@ def test_sparse_file_reads(mnt: bytes, source_tree: treegen.Tree) -> None:
 
 def test_mmap_read(mnt: bytes, source_tree: treegen.Tree) -> None:
     rel = source_tree.mmap_file
-    want = open(source_tree.abs(rel), "rb").read()
+    want = source_tree.read(rel)
     with open(os.path.join(mnt, rel), "rb") as f, \
             mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         assert len(m) == len(want)
@@ -307,7 +312,7 @@ def test_other_user_reads_by_mode(mnt: bytes, source_tree: treegen.Tree) -> None
     t = source_tree
     ok = _as_nobody("cat", os.path.join(mnt, t.modes[0o644]))
     assert ok.returncode == 0, ok.stderr
-    assert ok.stdout == open(t.abs(t.modes[0o644]), "rb").read()
+    assert ok.stdout == t.read(t.modes[0o644])
 
     denied = _as_nobody("cat", os.path.join(mnt, t.modes[0o600]))
     assert denied.returncode != 0
@@ -338,15 +343,15 @@ def test_hub_down_serves_cached_data_and_metadata(hub, mount_factory,
     spoke = mount_factory(hub.url, "--hub-deadline", "3")
     mnt = _b(spoke.mnt)
     rels = [source_tree.sized[65537], source_tree.mmap_file, source_tree.modes[0o644]]
-    first = {rel: open(os.path.join(mnt, rel), "rb").read() for rel in rels}
+    first = {rel: _read(os.path.join(mnt, rel)) for rel in rels}
     for rel in rels:
-        assert first[rel] == open(source_tree.abs(rel), "rb").read()
+        assert first[rel] == source_tree.read(rel)
     walk_before = sorted((d, sorted(ds), sorted(fs)) for d, ds, fs in os.walk(mnt))
 
     assert hub.stop() == 0
     for rel in rels:
         _drop_page_cache(os.path.join(mnt, rel))
-        assert open(os.path.join(mnt, rel), "rb").read() == first[rel], rel
+        assert _read(os.path.join(mnt, rel)) == first[rel], rel
     assert sorted((d, sorted(ds), sorted(fs)) for d, ds, fs in os.walk(mnt)) == walk_before
     assert os.readlink(os.path.join(mnt, source_tree.symlinks["absolute"])) == b"/etc/passwd"
     # teardown: the unmount must stay clean with the hub gone
@@ -357,18 +362,17 @@ def test_hub_down_uncached_read_fails_then_recovers(hub, mount_factory,
     spoke = mount_factory(hub.url, "--hub-deadline", "2")
     mnt = _b(spoke.mnt)
     rel = source_tree.random_files[0]
-    want = open(source_tree.abs(rel), "rb").read()
+    want = source_tree.read(rel)
 
     assert hub.stop() == 0
-    with pytest.raises(OSError) as exc:
-        with open(os.path.join(mnt, rel), "rb") as f:
-            f.read()
+    with pytest.raises(OSError) as exc, open(os.path.join(mnt, rel), "rb") as f:
+        f.read()
     assert exc.value.errno == errno.EIO, exc.value
     assert os.path.ismount(mnt)
 
     hub.start()  # same port
     _drop_page_cache(os.path.join(mnt, rel))
-    assert open(os.path.join(mnt, rel), "rb").read() == want
+    assert _read(os.path.join(mnt, rel)) == want
 
 
 def test_uid_gid_options(hub, mount_factory, source_tree: treegen.Tree) -> None:
@@ -397,7 +401,7 @@ def test_sigterm_unmounts_and_exits_0(hub, mount_factory, source_tree: treegen.T
     spoke = mount_factory(hub.url)
     rel = source_tree.sized[8192]
     with open(os.path.join(_b(spoke.mnt), rel), "rb") as f:
-        assert f.read() == open(source_tree.abs(rel), "rb").read()
+        assert f.read() == source_tree.read(rel)
     spoke.proc.send_signal(signal.SIGTERM)
     assert spoke.proc.wait(timeout=30) == 0, spoke.stderr()
     assert not is_mounted(spoke.mnt)

@@ -120,7 +120,7 @@ class FakeHub:
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:
                 if self.path == wire.SNAPSHOT_PATH:
                     self._send(200, hub.snapshot, {"Content-Type": hub.content_type,
                                                    wire.HEADER_GENERATION: str(GEN)})
@@ -141,7 +141,7 @@ class FakeHub:
                 else:
                     self._send(404, b'{"error": "not-found"}', {wire.HEADER_ERROR: "not-found"})
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 self._send(404, b'{"error": "not-found"}', {wire.HEADER_ERROR: "not-found"})
 
             def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:

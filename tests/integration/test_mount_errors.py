@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -78,7 +79,7 @@ def test_mountpoint_already_mounted(tmp_path: Path, hub, mount_factory,
     # the first mount is untouched and still serves
     rel = source_tree.sized[4097]
     with open(os.path.join(os.fsencode(first.mnt), rel), "rb") as f:
-        assert f.read() == open(source_tree.abs(rel), "rb").read()
+        assert f.read() == source_tree.read(rel)
     assert first.proc.poll() is None
 
 
@@ -111,7 +112,7 @@ def test_daemon_and_umount(tmp_path: Path, hub, make_mountpoint,
         assert pids, "no daemon process found"
         rel = source_tree.sized[8193]
         with open(os.path.join(os.fsencode(mnt), rel), "rb") as f:
-            assert f.read() == open(source_tree.abs(rel), "rb").read()
+            assert f.read() == source_tree.read(rel)
 
         r = procs.run_spokefs("umount", str(mnt))
         assert r.returncode == 0, r.stderr
@@ -122,7 +123,5 @@ def test_daemon_and_umount(tmp_path: Path, hub, make_mountpoint,
         if procs.is_mounted(mnt):
             procs.fusermount_unmount(mnt)
         for pid in procs.pids_mentioning(str(mnt)):  # our daemon, found by its unique mountpoint
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 15)
-            except ProcessLookupError:
-                pass

@@ -146,10 +146,10 @@ def running_prometheus(config: str, workdir: Path) -> Iterator[Prometheus]:
             if proc.poll() is not None:
                 pytest.fail(f"prometheus exited with {proc.returncode}\n{prom.log()}",
                             pytrace=False)
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
+            with contextlib.suppress(OSError), \
+                    urllib.request.urlopen(f"{prom.url}/-/ready", timeout=2) as resp:
+                if resp.status == 200:
+                    break
             if time.monotonic() > deadline:
                 pytest.fail(f"prometheus not ready after {procs.START_TIMEOUT_S}s\n{prom.log()}",
                             pytrace=False)

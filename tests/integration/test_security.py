@@ -150,9 +150,10 @@ def test_tls_mount_verifies_the_hub(certs: Certs, export_root: Path, tmp_path: P
             check_files(spoke.mnt)
         mnt = make_mountpoint("tls-bad")
         system_roots = procs.mount_fails(hub.url, mnt, tmp_path / "c1")
-        other_ca = procs.mount_fails(hub.url, mnt, tmp_path / "c2", "--ca-file", str(certs.other_ca))
-        wrong_name = procs.mount_fails(hub.url.replace("127.0.0.1", "localhost"), mnt, tmp_path / "c3",
-                                 "--ca-file", str(certs.ca))
+        other_ca = procs.mount_fails(hub.url, mnt, tmp_path / "c2",
+                                     "--ca-file", str(certs.other_ca))
+        wrong_name = procs.mount_fails(hub.url.replace("127.0.0.1", "localhost"), mnt,
+                                       tmp_path / "c3", "--ca-file", str(certs.ca))
         for line in (system_roots, other_ca, wrong_name):
             assert "certificate verify failed" in line, line
         assert "--ca-file" in system_roots

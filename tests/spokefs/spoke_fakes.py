@@ -63,3 +63,10 @@ class FakeHub:
             if on_file is not None:
                 on_file(key, out[key])
         return out
+
+
+async def poll_until(ready: Callable[[], bool], interval_s: float) -> None:
+    """Return once ``ready()`` holds, checking it every ``interval_s`` (the caller bounds the
+    wait with ``trio.fail_after``): for states the code under test sets without an event."""
+    while not ready():  # noqa: ASYNC110 - the code under test has no event to wait on
+        await trio.sleep(interval_s)

@@ -13,7 +13,7 @@ import lmdb
 import pytest
 import trio
 import trio.lowlevel
-from spoke_fakes import FakeHub
+from spoke_fakes import FakeHub, poll_until
 
 from spokefs import metrics
 from spokefs.cache.block_cache import (
@@ -609,8 +609,8 @@ _WRITER = textwrap.dedent("""
 """)
 
 
-async def test_kill_9_leaves_a_consistent_cache(tmp_path):
-    path = tmp_path / "blocks"
+def _kill_9_a_writer(path: Path) -> None:
+    """Run ``_WRITER`` on the cache at ``path`` and SIGKILL it in the middle of its writes."""
     proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(REPO)],
                             stdout=subprocess.PIPE, text=True)
     try:
@@ -618,6 +618,11 @@ async def test_kill_9_leaves_a_consistent_cache(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+async def test_kill_9_leaves_a_consistent_cache(tmp_path):
+    path = tmp_path / "blocks"
+    _kill_9_a_writer(path)
     assert not (path / "clean-shutdown").exists()
     cache = BlockCache(path, 4 << 20)  # checked in a child first: it passes
     assert not [p for p in tmp_path.iterdir() if ".corrupt-" in p.name]
@@ -661,7 +666,6 @@ async def test_reads_promote_through_the_writer(tmp_path):
                 got = cache.read(1, 1, ci * CHUNK_SIZE, (ci + 1) * CHUNK_SIZE)
                 assert got.data == data[ci * CHUNK_SIZE : (ci + 1) * CHUNK_SIZE]
         with trio.fail_after(10):
-            while cache.statistics().protected_chunks < 256:
-                await trio.sleep(0.01)
+            await poll_until(lambda: cache.statistics().protected_chunks >= 256, 0.01)
         nursery.cancel_scope.cancel()
     cache.close()

@@ -61,7 +61,7 @@ def kernel_ops(tmp_path: Path):
 
 
 async def test_kernel_opens_answer_enosys_and_reads_name_the_inode(kernel_ops):
-    ops, ns = kernel_ops
+    ops, _ = kernel_ops
     with pytest.raises(pyfuse3.FUSEError) as info:  # ENOSYS: the kernel opens files itself
         await ops.open(0x200, os.O_RDONLY, Ctx())
     assert info.value.errno == errno.ENOSYS
@@ -77,7 +77,8 @@ async def test_kernel_opens_answer_enosys_and_reads_name_the_inode(kernel_ops):
 
 async def test_attributes(ops):
     a = await ops.lookup(ROOT_INODE, b"f", Ctx())
-    assert (a.st_ino, a.st_size, a.st_mtime_ns, a.st_uid, a.st_gid) == (0x200, 10_000, 123456789, 7, 8)
+    assert (a.st_ino, a.st_size, a.st_mtime_ns, a.st_uid, a.st_gid) == (
+        0x200, 10_000, 123456789, 7, 8)
     assert a.st_mode == stat.S_IFREG | 0o640
     link = await ops.lookup(ROOT_INODE, b"l", Ctx())
     assert link.st_size == 1 and await ops.readlink(link.st_ino, Ctx()) == b"f"

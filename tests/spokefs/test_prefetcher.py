@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import trio
-from spoke_fakes import FakeHub
+from spoke_fakes import FakeHub, poll_until
 from trio.testing import wait_all_tasks_blocked
 
 from hubd import wire
@@ -122,8 +122,7 @@ async def test_demand_reads_do_not_wait_behind_prefetch(tmp_path):
         t = reader.open(FileVersion(6, 1, len(other)), 3)
         nursery.start_soon(reader.read, t, 5 * MiB, 4096)
         with trio.fail_after(5):
-            while (6, 1, 5 * MiB, 4096) not in hub.calls:
-                await trio.sleep(0.01)
+            await poll_until(lambda: (6, 1, 5 * MiB, 4096) in hub.calls, 0.01)
         # the demand fetch went out at once, while prefetches (1 s each) still wait for a slot
         assert pf._jobs_rx.statistics().current_buffer_used > 0
         nursery.cancel_scope.cancel()
@@ -140,8 +139,7 @@ async def test_directory_fill_starts_at_the_first_miss(tmp_path):
         assert await reader.read(s, 0, 4096) == files[(listing[0].file_id, 1)][:4096]
         rest = listing[1:]
         with trio.fail_after(10):  # real clock: the cache's writer runs in a thread
-            while not all(reader._cache.has_file(fv) for fv in rest):
-                await trio.sleep(0.02)
+            await poll_until(lambda: all(reader._cache.has_file(fv) for fv in rest), 0.02)
         calls_before, packs_before = len(hub.calls), len(hub.packs)
         for fv in rest:  # the rest is served from the cache
             s = reader.open(fv, 7)
@@ -165,8 +163,7 @@ async def test_a_waiting_reader_gets_its_file_before_its_pack_ends(tmp_path):
         await nursery.start(reader._cache.run)
         pf.on_miss(Stream(listing[-1], 7))  # a read of the last file missed: fill starts
         with trio.fail_after(5):
-            while not hub.packs:
-                await trio.sleep(0.01)
+            await poll_until(lambda: bool(hub.packs), 0.01)
         target = listing[3]  # 4th in the pack: in after ~0.45 s
         started = trio.current_time()
         s = reader.open(target, 7)
@@ -187,8 +184,7 @@ async def test_an_evicted_directory_is_filled_again(tmp_path):
         await nursery.start(cache.run)
         pf.on_miss(Stream(listing[-1], 7))
         with trio.fail_after(10):
-            while not all(cache.has_file(fv) for fv in listing):
-                await trio.sleep(0.02)
+            await poll_until(lambda: all(cache.has_file(fv) for fv in listing), 0.02)
         await cache.flush()
         for fv in listing:  # as an eviction would
             await cache._write("drop", fv.file_id, fv.version, list(range(fv.blocks())))
@@ -197,8 +193,7 @@ async def test_an_evicted_directory_is_filled_again(tmp_path):
         s = reader.open(listing[5], 7)  # a later epoch misses a file of the filled directory
         assert await reader.read(s, 0, 100) == files[(listing[5].file_id, 1)][:100]
         with trio.fail_after(10):
-            while not all(cache.has_file(fv) for fv in listing):
-                await trio.sleep(0.02)
+            await poll_until(lambda: all(cache.has_file(fv) for fv in listing), 0.02)
         assert len(hub.packs) > packs_before
         nursery.cancel_scope.cancel()
 
@@ -263,7 +258,7 @@ async def test_a_run_of_shards_is_read_ahead_across_file_ends(tmp_path, autojump
 async def test_a_jump_cuts_off_the_next_shard(tmp_path, autojump_clock):
     shards = {(100 + i, 1): os.urandom(12 * MiB) for i in range(2)}
     listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in shards.items()]
-    hub, pf, reader = setup(tmp_path, shards, dirs={7: listing})
+    _, pf, reader = setup(tmp_path, shards, dirs={7: listing})
     async with trio.open_nursery() as nursery:
         await nursery.start(pf.run)
         s = reader.open(listing[0], 7)
@@ -295,8 +290,7 @@ async def test_a_readdir_arms_its_directory_and_the_next_miss_fills_it(tmp_path)
         s = reader.open(other, 8)  # a reader misses elsewhere: armed directories go too
         assert await reader.read(s, 0, other.size) == files[(999, 1)]
         with trio.fail_after(10):
-            while not all(cache.has_file(fv) for fv in listing):
-                await trio.sleep(0.02)
+            await poll_until(lambda: all(cache.has_file(fv) for fv in listing), 0.02)
         pf.on_readdir(9)  # while reads miss, a readdir fills at once
         assert 9 in pf.dirs._dirs
         nursery.cancel_scope.cancel()

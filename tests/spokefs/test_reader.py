@@ -5,7 +5,7 @@ import random
 
 import pytest
 import trio
-from spoke_fakes import FakeHub
+from spoke_fakes import FakeHub, poll_until
 
 from hubd import wire
 from spokefs.cache.block_cache import BlockCache
@@ -26,7 +26,7 @@ def make(tmp_path, files, quota=64 << 20, delay_s=0.0):
 
 async def test_random_reads_equal_source_slices(tmp_path):
     data = os.urandom(BLOCK_SIZE * 50 + 777)
-    hub, reader = make(tmp_path, {(3, 1): data})
+    _, reader = make(tmp_path, {(3, 1): data})
     stream = reader.open(FileVersion(3, 1, len(data)), 2)
     rng = random.Random(1)
     for _ in range(300):
@@ -105,7 +105,7 @@ async def test_concurrent_misses_are_coalesced(tmp_path, autojump_clock):
 
 async def test_tiny_cache_still_reads_correctly(tmp_path):
     data = os.urandom(3 << 20)
-    hub, reader = make(tmp_path, {(3, 1): data}, quota=1 << 20)
+    _, reader = make(tmp_path, {(3, 1): data}, quota=1 << 20)
     stream = reader.open(FileVersion(3, 1, len(data)), 2)
     for off in range(0, len(data), 128 << 10):
         assert await reader.read(stream, off, 128 << 10) == data[off : off + (128 << 10)]
@@ -151,8 +151,8 @@ async def test_a_read_behind_a_failing_prefetch_fails_within_one_deadline(tmp_pa
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(prefetch)
-        while not hub.calls:  # the prefetch holds the chunk and waits for the hub
-            await trio.sleep(0.001)
+        # the prefetch holds the chunk and waits for the hub
+        await poll_until(lambda: bool(hub.calls), 0.001)
         await trio.sleep(0.5)
         started = trio.current_time()
         with pytest.raises(HubUnavailable):
