@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import xxhash
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -48,9 +47,9 @@ sys.path.insert(0, str(HERE))
 
 import benchlib as bl  # noqa: E402
 
-from hubd import wire  # noqa: E402
 from hubd.s3.client import S3Client, S3Config  # noqa: E402
 from hubd.s3.sigv4 import Credentials  # noqa: E402
+from spokefs import protocol  # noqa: E402
 from tests.helpers.seaweed import ACCESS_KEY, SECRET_KEY, SeaweedServer  # noqa: E402
 
 BUCKET = "bench-hub"
@@ -94,14 +93,14 @@ def start_hub(root: str, log: Path, *args: str) -> tuple[bl.Proc, str]:
     return proc, url
 
 
-async def snapshot_files(session: aiohttp.ClientSession, url: str) -> dict[str, wire.Entry]:
-    async with session.get(url + wire.SNAPSHOT_PATH) as resp:
+async def snapshot_files(session: aiohttp.ClientSession, url: str) -> dict[str, protocol.Entry]:
+    async with session.get(url + protocol.SNAPSHOT_PATH) as resp:
         body = await resp.read()
-    decoder = wire.SnapshotDecoder()
+    decoder = protocol.SnapshotDecoder()
     entries = list(decoder.feed(body))
     decoder.finish()
     paths: dict[int, str] = {}
-    out: dict[str, wire.Entry] = {}
+    out: dict[str, protocol.Entry] = {}
     for e in entries:
         path = "" if e.parent_id == 0 else f"{paths[e.parent_id]}/{e.name.decode()}".lstrip("/")
         paths[e.file_id] = path
@@ -113,23 +112,16 @@ async def snapshot_files(session: aiohttp.ClientSession, url: str) -> dict[str, 
 _FRAMED: dict[tuple[int, int], bytes] = {}  # by (file id, version): the hubs' ids differ
 
 
-def framed_of(path: str, entry: wire.Entry, files: dict[str, bytes]) -> bytes:
+def framed_of(path: str, entry: protocol.Entry, files: dict[str, bytes]) -> bytes:
     """The framed representation of a file (protocol v2), built here from the source
     bytes: each 4 KiB frame, then its seeded xxh3; what every answer must equal."""
     key = (entry.file_id, entry.version)
     if key not in _FRAMED:
-        data = files[path]
-        out = bytearray()
-        for index, pos in enumerate(range(0, len(data), wire.FRAME_DATA_BYTES)):
-            chunk = data[pos : pos + wire.FRAME_DATA_BYTES]
-            out += chunk
-            out += wire.FRAME_SUM.pack(xxhash.xxh3_64_intdigest(
-                chunk, wire.frame_seed(entry.file_id, entry.version, index)))
-        _FRAMED[key] = bytes(out)
+        _FRAMED[key] = protocol.encode_frames(files[path], entry.file_id, entry.version, 0)
     return _FRAMED[key]
 
 
-async def fetch_all(url: str, jobs: list[tuple[str, wire.Entry, int, int]],
+async def fetch_all(url: str, jobs: list[tuple[str, protocol.Entry, int, int]],
                     files: dict[str, bytes]) -> tuple[int, int, int]:
     """(requests, body bytes, wrong bytes) for every (path, entry, start, stop) job."""
     wrong = total = 0
@@ -139,9 +131,9 @@ async def fetch_all(url: str, jobs: list[tuple[str, wire.Entry, int, int]],
         nonlocal wrong, total
         while queue:
             path, entry, start, stop = queue.pop()
-            whole = wire.framed_size(entry.size)
+            whole = protocol.framed_size(entry.size)
             headers = {"Range": f"bytes={start}-{stop - 1}"} if stop - start < whole else {}
-            async with session.get(url + wire.blob_path(entry.file_id, entry.version),
+            async with session.get(url + protocol.blob_path(entry.file_id, entry.version),
                                    headers=headers) as resp:
                 body = await resp.read()
             expected = framed_of(path, entry, files)[start:stop]
@@ -161,7 +153,7 @@ async def read_phase(url: str, files: dict[str, bytes], which: str) -> list[Any]
     for path, entry in sorted(entries.items()):
         if not path.startswith(which):
             continue
-        whole = wire.framed_size(entry.size)  # ranges are of the framed representation
+        whole = protocol.framed_size(entry.size)  # ranges are of the framed representation
         for start in range(0, whole, REQUEST_BYTES):
             jobs.append((path, entry, start, min(start + REQUEST_BYTES, whole)))
     return jobs

@@ -104,8 +104,7 @@ for _p in (str(HERE), str(REPO)):
 import benchlib as bl  # noqa: E402
 from longlink import LongLinkProcess  # noqa: E402
 
-from hubd import wire  # noqa: E402
-from spokefs import trace_file  # noqa: E402
+from spokefs import protocol, trace_file  # noqa: E402
 from spokefs.bodies import unframed  # noqa: E402
 
 RESULTS = HERE / "results" / "train.jsonl"
@@ -828,12 +827,12 @@ def drop_copies(env: Env) -> None:
 
 def snapshot_files(conn: http.client.HTTPConnection) -> list[tuple[str, int, int]]:
     """GET /v2/snapshot and list every regular file as (relative path, file id, version)."""
-    conn.request("GET", wire.SNAPSHOT_PATH)
+    conn.request("GET", protocol.SNAPSHOT_PATH)
     resp = conn.getresponse()
     body = resp.read()
     if resp.status != 200:
         raise bl.BenchError(f"hubd snapshot: HTTP {resp.status}")
-    dec = wire.SnapshotDecoder()
+    dec = protocol.SnapshotDecoder()
     entries = list(dec.feed(body))
     header = dec.finish()
     paths: dict[int, str] = {header.root_id: ""}
@@ -865,7 +864,7 @@ def copy_through_link(port: int, dst: Path, threads: int, timeout_s: float) -> d
         if not hasattr(local, "conn"):
             local.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
         rel, file_id, version = item
-        local.conn.request("GET", wire.blob_path(file_id, version))
+        local.conn.request("GET", protocol.blob_path(file_id, version))
         resp = local.conn.getresponse()
         body = resp.read()
         if resp.status != 200:

@@ -24,16 +24,17 @@ from collections.abc import AsyncIterator
 from aiohttp import hdrs, web
 from aiohttp.typedefs import Handler, Middleware
 
-from hubd import routes, wire
+from hubd import routes
 from hubd.changes import ChangeFeed
 from hubd.config import HubConfig
 from hubd.errors import HubError, InternalError, MethodNotAllowed, RouteNotFound, Unauthorized
 from hubd.metrics import METRICS, HubMetrics, metrics_handler
 from hubd.source import Export, make_reader
+from spokefs import protocol
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({wire.HEALTH_PATH, wire.METRICS_PATH})
+OPEN_PATHS = frozenset({protocol.HEALTH_PATH, protocol.METRICS_PATH})
 
 
 def make_app(cfg: HubConfig, export: Export, metrics: HubMetrics) -> web.Application:
@@ -48,13 +49,13 @@ def make_app(cfg: HubConfig, export: Export, metrics: HubMetrics) -> web.Applica
     app.cleanup_ctx.append(_reader_ctx)
     app.cleanup_ctx.append(_feed_ctx)
     add = app.router.add_get
-    add(wire.SNAPSHOT_PATH, routes.snapshot, allow_head=False)
-    add(wire.CHANGES_PATH, routes.changes, allow_head=False)
-    add(wire.BLOB_PATH, routes.blob, allow_head=False)
-    add(wire.PACK_PATH, routes.pack, allow_head=False)
-    app.router.add_route("*", wire.OLD_PATHS, routes.old_protocol)
-    add(wire.HEALTH_PATH, routes.healthz)  # HEAD too, for load balancers
-    add(wire.METRICS_PATH, metrics_handler, allow_head=False)
+    add(protocol.SNAPSHOT_PATH, routes.snapshot, allow_head=False)
+    add(protocol.CHANGES_PATH, routes.changes, allow_head=False)
+    add(protocol.BLOB_PATH, routes.blob, allow_head=False)
+    add(protocol.PACK_PATH, routes.pack, allow_head=False)
+    app.router.add_route("*", protocol.OLD_PATHS, routes.old_protocol)
+    add(protocol.HEALTH_PATH, routes.healthz)  # HEAD too, for load balancers
+    add(protocol.METRICS_PATH, metrics_handler, allow_head=False)
     return app
 
 
@@ -83,7 +84,7 @@ def error_response(exc: HubError) -> web.Response:
 def _json_error(status: int, reason: str, detail: str,
                 headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response({"error": reason, "detail": detail}, status=status,
-                             headers={wire.HEADER_ERROR: reason, **(headers or {})})
+                             headers={protocol.HEADER_ERROR: reason, **(headers or {})})
 
 
 def _http_exception_response(exc: web.HTTPException) -> web.Response:

@@ -6,7 +6,7 @@
   every old key that is gone or now names another id or file type, in reverse old order
   (children before their parents), then an UPSERT of every new key that is new or whose
   entry changed, in new order (parents before children). Applied in order to the old namespace,
-  they give the new one (wire.py says what a spoke does with each record).
+  they give the new one (docs/protocol.md says what a spoke does with each record).
 - ``History`` keeps the last steps, contiguous, at most ``max_steps`` of them and
   ``max_bytes`` of records in all; a step over ``max_bytes`` on its own is not kept (a
   spoke that far behind takes a full snapshot, which is then cheaper anyway).
@@ -26,11 +26,11 @@ import stat
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from hubd import wire
 from hubd.errors import BadGeneration, GenerationGone
 from hubd.snapshot import Table
+from spokefs import protocol
 
-_UPSERT = bytes((wire.CHANGE_UPSERT,))
+_UPSERT = bytes((protocol.CHANGE_UPSERT,))
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +121,7 @@ class _Differ:
         out = bytearray()
         for o in sorted(self.removes, reverse=True):  # children before their parents
             e = self.old.entry(o)
-            out += wire.encode_remove(e.parent_id, e.name)
+            out += protocol.encode_remove(e.parent_id, e.name)
         for n in sorted(self.upserts):  # parents before children
             out += _UPSERT
             out += self.new.record(n)
@@ -222,7 +222,7 @@ class ChangeFeed:
         body = self._cache.get(key)  # built while this request queued
         if body is not None:
             return body
-        body = wire.encode_changes(key[0], key[1], root_id, [s.records for s in steps],
+        body = protocol.encode_changes(key[0], key[1], root_id, [s.records for s in steps],
                                    sum(s.count for s in steps), self._level)
         cache = {k: v for k, v in self._cache.items() if k[1] == key[1]}  # current only
         if sum(map(len, cache.values())) + len(body) <= self._max_cached:

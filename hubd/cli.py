@@ -39,11 +39,11 @@ import stat
 import sys
 from typing import NoReturn
 
-from hubd import wire
 from hubd.config import DEFAULT_CONCURRENT_READS, DEFAULT_READ_WAIT_S, HubConfig
 from hubd.errors import StartupError
 from hubd.s3.config import AWS_DEFAULT_REGION, BucketSpec, S3Config, aws_endpoint
 from hubd.s3.credentials import CredentialsError, find_credentials
+from spokefs import protocol
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="file holding a bearer token that clients must send")
     srv.add_argument("--log-level", default="INFO", type=str.upper, choices=LOG_LEVELS,
                      help="default: INFO")
-    mib = wire.PACK_MAX_BYTES / (1 << 20)
+    mib = protocol.PACK_MAX_BYTES / (1 << 20)
     srv.add_argument("--max-concurrent-reads", type=_positive, default=DEFAULT_CONCURRENT_READS,
                      metavar="N",
                      help=f"range and pack reads in flight, 1-4096; read buffers stay under "

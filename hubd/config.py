@@ -8,8 +8,8 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass, field
 
-from hubd import wire
 from hubd.s3.config import BucketSpec
+from spokefs import protocol
 
 KIB = 1024
 
@@ -19,7 +19,7 @@ reads), and over a long link each slot is held for about one round trip plus the
 send time (a 3.75 MiB body at 4.7 MB/s per connection through a 4 MiB window at 900 ms:
 ~1.7 s). 256 slots then carry ~590 MB/s (4.7 Gbit/s) for a fleet of tens of spokes at
 900 ms, far more on shorter links; more requests queue (FIFO) for ``read_wait_s``. Memory: a slot
-holds one pack (``wire.PACK_MAX_BYTES``, 3.75 MiB) or one slice of a streamed blob (1 MiB),
+holds one pack (``protocol.PACK_MAX_BYTES``, 3.75 MiB) or one slice of a streamed blob (1 MiB),
 so 960 MiB at worst. Lower it on a small hub."""
 
 DEFAULT_READ_WAIT_S = 20.0
@@ -48,7 +48,7 @@ class HubConfig:
             (httpx's keep-alive expiry) and send a header in one round trip (< 1 s).
         log_level: a ``logging`` level name.
         max_concurrent_reads: range reads in flight at once (``DEFAULT_CONCURRENT_READS``);
-            hubd's read memory stays under ``max_concurrent_reads * wire.PACK_MAX_BYTES``.
+            hubd's read memory stays under ``max_concurrent_reads * protocol.PACK_MAX_BYTES``.
         read_wait_s: how long a request may wait for a read slot before a 503 ``overloaded``
             (``DEFAULT_READ_WAIT_S``).
         snapshot_chunk_bytes: size of each write when streaming the snapshot (256 KiB keeps
@@ -84,4 +84,4 @@ class HubConfig:
 
     @property
     def max_read_memory_bytes(self) -> int:
-        return self.max_concurrent_reads * wire.PACK_MAX_BYTES
+        return self.max_concurrent_reads * protocol.PACK_MAX_BYTES

@@ -19,7 +19,7 @@ Responsibilities:
   ``next_generation`` takes the previous generation's millisecond plus one, with the new
   table's 20 bits: it still grows, but a replica that did not see the same sequence of
   trees may number that tree differently. That is safe (a spoke asking it for
-  ``since=G`` gets 410 or 400 and takes a snapshot, see wire.py), only slower; the next
+  ``since=G`` gets 410 or 400 and takes a snapshot, see docs/protocol.md), only slower; the next
   ordinary change brings the numbers together again. One number names one tree unless
   two different trees with the same newest millisecond also agree in 20 hash bits.
 - ``ExportRoot.open_file``: map a file id to its path in a snapshot and open it by walking
@@ -240,7 +240,7 @@ class ExportRoot:
             ``(fd, size)``; the caller closes ``fd``.
 
         A version the snapshot does not list yet is served when the file on disk has it:
-        a replica hub one rescan behind another (``wire.py``, "Replicas") still serves the
+        a replica hub one rescan behind another (docs/protocol.md, "Replicas") still serves the
         versions its peer listed, for the files whose paths it knows. The disk check is
         what makes any answer right, listed version or not.
 

@@ -1,17 +1,17 @@
-"""Blob answers in the framed representation (``wire.py``, "Why a version 2"), streamed a
+"""Blob answers in the framed representation (docs/protocol.md, "Why a version 2"), streamed a
 slice at a time, and the deterministic packs of a directory.
 
 - ``FramedBlob``: one open file version and the byte range of its framed representation
   to answer. ``RangeReader.open_framed`` opens the file (confined, version-checked) and
-  resolves the ``Range`` (``range_reader.resolve_range``) against ``wire.framed_size``
+  resolves the ``Range`` (``range_reader.resolve_range``) against ``protocol.framed_size``
   before any byte is sent, so a missing or changed file is a clean 404/412.
   ``piece(i)`` then reads, checks and frames the i-th slice of the answer in one executor
   hop: data by ``os.pread``, an ``fstat`` after it (a
   write during the answer changes the version: the answer stops short, and the spoke,
   which knows the length it asked for, refuses it), one seeded xxh3 per 4 KiB frame.
   Any range of any size is answered this way, the whole file included, with at most one
-  slice (``wire.SLICE_BYTES``) in memory per request.
-- ``PackPlans``: ``wire.plan_packs`` of a directory of the current snapshot, computed once
+  slice (``protocol.SLICE_BYTES``) in memory per request.
+- ``PackPlans``: ``protocol.plan_packs`` of a directory of the current snapshot, computed once
   per snapshot and directory (a few hundred kept), so a pack URL costs one dict lookup.
 """
 
@@ -21,12 +21,10 @@ import os
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import xxhash
-
-from hubd import wire
 from hubd.errors import StaleVersion, UnknownFile
 from hubd.export_root import version_of
 from hubd.snapshot import Snapshot
+from spokefs import protocol
 
 _PLANS_KEPT = 512  # directories whose packs are kept per snapshot
 
@@ -56,8 +54,8 @@ class FramedBlob:
         self._version = version
         self._size = size
         self.range = rng
-        self._first_slice = rng.start // wire.SLICE_BYTES
-        last_slice = (rng.stop - 1) // wire.SLICE_BYTES if rng.stop > rng.start else -1
+        self._first_slice = rng.start // protocol.SLICE_BYTES
+        last_slice = (rng.stop - 1) // protocol.SLICE_BYTES if rng.stop > rng.start else -1
         self.pieces = last_slice - self._first_slice + 1
 
     def close(self) -> None:
@@ -70,22 +68,15 @@ class FramedBlob:
             StaleVersion: the file changed or shrank since it was opened.
         """
         s = self._first_slice + i
-        first_frame = s * wire.SLICE_FRAMES
-        data_start = first_frame * wire.FRAME_DATA_BYTES
-        data_stop = min(data_start + wire.SLICE_DATA_BYTES, self._size)
+        first_frame = s * protocol.SLICE_FRAMES
+        data_start = first_frame * protocol.FRAME_DATA_BYTES
+        data_stop = min(data_start + protocol.SLICE_DATA_BYTES, self._size)
         data = pread_exact(self._fd, data_start, data_stop)
         st = os.fstat(self._fd)
         if version_of(st) != self._version:  # the same fd: the same inode, so the same id
             raise StaleVersion(f"file {self._file_id:016x} changed while being read")
-        parts: list[bytes | memoryview] = []
-        view = memoryview(data)
-        for k, pos in enumerate(range(0, len(view), wire.FRAME_DATA_BYTES)):
-            chunk = view[pos : pos + wire.FRAME_DATA_BYTES]
-            seed = wire.frame_seed(self._file_id, self._version, first_frame + k)
-            parts.append(chunk)
-            parts.append(wire.FRAME_SUM.pack(xxhash.xxh3_64_intdigest(chunk, seed)))
-        framed = b"".join(parts)
-        base = s * wire.SLICE_BYTES
+        framed = protocol.encode_frames(data, self._file_id, self._version, first_frame)
+        base = s * protocol.SLICE_BYTES
         lo = max(self.range.start - base, 0)
         hi = min(self.range.stop - base, len(framed))
         return framed if (lo, hi) == (0, len(framed)) else framed[lo:hi]
@@ -109,9 +100,9 @@ class PackPlans:
     def __init__(self) -> None:
         self._snap: Snapshot | None = None
         self._blocks: dict[int, range] = {}
-        self._plans: OrderedDict[int, list[wire.PackPlan]] = OrderedDict()
+        self._plans: OrderedDict[int, list[protocol.PackPlan]] = OrderedDict()
 
-    def find(self, snap: Snapshot, dir_id: int, index: int, digest: str) -> wire.PackPlan:
+    def find(self, snap: Snapshot, dir_id: int, index: int, digest: str) -> protocol.PackPlan:
         """Pack ``index`` of directory ``dir_id`` if its digest is ``digest`` (blocking:
         the first call per snapshot lists every directory; run it in a thread).
 
@@ -125,7 +116,7 @@ class PackPlans:
                                f"generation: list the directory again")
         return plans[index]
 
-    def _of(self, snap: Snapshot, dir_id: int) -> list[wire.PackPlan]:
+    def _of(self, snap: Snapshot, dir_id: int) -> list[protocol.PackPlan]:
         if snap is not self._snap:
             self._snap, self._blocks = snap, snap.table.blocks()
             self._plans.clear()
@@ -140,7 +131,7 @@ class PackPlans:
                 e = snap.table.entry(i)
                 if e.mode & 0o170000 == 0o100000:
                     files.append((e.name, e.file_id, e.version, e.size))
-            plans = self._plans[dir_id] = wire.plan_packs(dir_id, files)
+            plans = self._plans[dir_id] = protocol.plan_packs(dir_id, files)
             if len(self._plans) > _PLANS_KEPT:
                 self._plans.popitem(last=False)
         self._plans.move_to_end(dir_id)

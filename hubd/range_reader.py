@@ -11,8 +11,8 @@
 
 Memory bound: a request holds one of ``max_concurrent_reads`` slots (an asyncio semaphore)
 from before its first read until its body is written out; it holds at most one slice of a
-blob (``wire.SLICE_BYTES``) or one pack (``wire.PACK_MAX_BYTES`` of files) at a time, so
-read buffers stay under ``max_concurrent_reads * wire.PACK_MAX_BYTES`` (plus a pack's
+blob (``protocol.SLICE_BYTES``) or one pack (``protocol.PACK_MAX_BYTES`` of files) at a time, so
+read buffers stay under ``max_concurrent_reads * protocol.PACK_MAX_BYTES`` (plus a pack's
 32-byte record headers). A request that waits longer than ``wait_s`` for a slot gets 503
 ``overloaded``.
 """
@@ -31,7 +31,6 @@ from typing import TypeVar
 
 import xxhash
 
-from hubd import wire
 from hubd.errors import (
     BadRange,
     MultipleRanges,
@@ -45,6 +44,7 @@ from hubd.framed import FramedBlob, FramedRange, PackPlans, pread_exact
 from hubd.log_rate import LogEveryPerKey, since_last
 from hubd.read_slots import ReadSlots
 from hubd.snapshot import Snapshot
+from spokefs import protocol
 
 log = logging.getLogger(__name__)
 _READ_FAILURE_LINES = LogEveryPerKey()
@@ -74,7 +74,7 @@ class Pack:
     """The answer to one pack request.
 
     Attributes:
-        body: the records (``wire.encode_pack_record``) in ``plan_packs`` order.
+        body: the records (``protocol.encode_pack_record``) in ``plan_packs`` order.
         served, gone: how many records carry bytes, and how many are ``PACK_GONE``.
         file_bytes: the file bytes in ``body`` (without record headers).
     """
@@ -92,10 +92,10 @@ class Pack:
         served = gone = file_bytes = 0
         for file_id, version, data in members:
             if data is None:
-                parts.append(wire.encode_pack_record(file_id, version, None, 0))
+                parts.append(protocol.encode_pack_record(file_id, version, None, 0))
                 gone += 1
                 continue
-            parts.append(wire.encode_pack_record(file_id, version, data,
+            parts.append(protocol.encode_pack_record(file_id, version, data,
                                                  xxhash.xxh3_64_intdigest(data)))
             served += 1
             file_bytes += len(data)
@@ -215,13 +215,13 @@ class RangeReader:
                           spec: RangeSpec | None) -> FramedBlob:
         fd, size = self._export.open_file(snap, file_id, version)
         try:
-            rng = resolve_range(spec, wire.framed_size(size))
+            rng = resolve_range(spec, protocol.framed_size(size))
         except BaseException:
             os.close(fd)
             raise
         return FramedBlob(fd, file_id, version, size, rng)
 
-    def _read_pack_sync(self, snap: Snapshot, plan: wire.PackPlan) -> Pack:
+    def _read_pack_sync(self, snap: Snapshot, plan: protocol.PackPlan) -> Pack:
         return Pack.of((file_id, version, self._whole_or_none(snap, file_id, version))
                        for file_id, version, _ in plan.members)
 
@@ -234,7 +234,7 @@ class RangeReader:
     def _read_whole(self, snap: Snapshot, file_id: int, version: int) -> bytes:
         fd, size = self._export.open_file(snap, file_id, version)
         try:
-            if size > wire.PACK_FILE_MAX_BYTES:  # grew on disk: a new version, not packable
+            if size > protocol.PACK_FILE_MAX_BYTES:  # grew on disk: a new version, not packable
                 raise StaleVersion(f"file {file_id:016x} changed on disk")
             data = pread_exact(fd, 0, size)
             st = os.fstat(fd)  # again: a write during the read changes mtime, so the version

@@ -1,6 +1,6 @@
 """HTTP handlers: decode the request, call export_root / range_reader / changes, encode.
 
-Routes (formats in wire.py): ``GET /v2/snapshot``, ``GET /v2/changes?since=G`` (the
+Routes (formats in docs/protocol.md): ``GET /v2/snapshot``, ``GET /v2/changes?since=G`` (the
 ``ChangeFeed``), ``GET /v2/blob/{id}/{version}`` (a framed answer streamed a slice at a
 time) and ``GET /v2/pack/{dir}/{index}/{digest}`` (both through the ``RangeReader``'s slots
 and executor: each holds one slot until its body is written), ``GET /healthz``, and
@@ -19,13 +19,13 @@ from collections.abc import AsyncIterator, Iterable
 
 from aiohttp import hdrs, web
 
-from hubd import wire
 from hubd.changes import ChangeFeed
 from hubd.config import HubConfig
 from hubd.errors import BadGeneration, BadId, BadPack, HubError, ProtocolVersion
 from hubd.metrics import METRICS
 from hubd.range_reader import parse_range
 from hubd.source import Export, Reader
+from spokefs import protocol
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +58,8 @@ async def snapshot(request: web.Request) -> web.StreamResponse:
     snap = request.app[EXPORT].state.snapshot
     chunk = request.app[CONFIG].snapshot_chunk_bytes
     resp = web.StreamResponse(headers={
-        hdrs.CONTENT_TYPE: wire.SNAPSHOT_MEDIA_TYPE,
-        wire.HEADER_GENERATION: str(snap.generation),
+        hdrs.CONTENT_TYPE: protocol.SNAPSHOT_MEDIA_TYPE,
+        protocol.HEADER_GENERATION: str(snap.generation),
         hdrs.CACHE_CONTROL: "no-cache",  # the URL names no generation: always revalidate
     })
     resp.content_length = len(snap.encoded)
@@ -74,8 +74,8 @@ async def changes(request: web.Request) -> web.StreamResponse:
     state = request.app[EXPORT].state  # snapshot and history of one generation
     body = await request.app[FEED].answer(state.history, state.snapshot.root_id, since)
     resp = web.StreamResponse(headers={
-        hdrs.CONTENT_TYPE: wire.CHANGES_MEDIA_TYPE,
-        wire.HEADER_GENERATION: str(state.history.current),
+        hdrs.CONTENT_TYPE: protocol.CHANGES_MEDIA_TYPE,
+        protocol.HEADER_GENERATION: str(state.history.current),
         hdrs.CACHE_CONTROL: "no-cache",  # the URL names no target generation
     })
     resp.content_length = len(body)
@@ -90,7 +90,7 @@ def _parse_generation(values: list[str]) -> int:
     if not text.isascii() or not text.isdigit() or len(text) > _MAX_GENERATION_DIGITS:
         raise BadGeneration(f"bad generation {text[:40]!r}: want a decimal number")
     value = int(text)
-    if value > wire.U64_MAX:
+    if value > protocol.U64_MAX:
         raise BadGeneration(f"generation {text} is not a 64-bit number")
     return value
 
@@ -110,7 +110,7 @@ async def blob(request: web.Request) -> web.StreamResponse:
             first = await reader.read_piece(framed, 0) if framed.pieces else b""
             headers = {
                 hdrs.CONTENT_TYPE: BLOB_MEDIA_TYPE,
-                hdrs.ETAG: wire.etag(file_id, version),
+                hdrs.ETAG: protocol.etag(file_id, version),
                 hdrs.CACHE_CONTROL: IMMUTABLE,
                 hdrs.ACCEPT_RANGES: "bytes",
             }
@@ -134,12 +134,12 @@ async def blob(request: web.Request) -> web.StreamResponse:
 
 async def pack(request: web.Request) -> web.StreamResponse:
     """GET /v2/pack/{dir_id}/{index}/{digest}: the members of one deterministic pack, one
-    record each, in ``wire.plan_packs`` order (immutable: the URL names every member)."""
+    record each, in ``protocol.plan_packs`` order (immutable: the URL names every member)."""
     try:
-        dir_id = wire.parse_id(request.match_info["dir_id"])
-        index = wire.parse_pack_index(request.match_info["index"])
-        digest = wire.parse_digest(request.match_info["digest"])
-    except wire.WireError as exc:
+        dir_id = protocol.parse_id(request.match_info["dir_id"])
+        index = protocol.parse_pack_index(request.match_info["index"])
+        digest = protocol.parse_digest(request.match_info["digest"])
+    except protocol.WireError as exc:
         raise BadPack(str(exc)) from None
     reader = request.app[READER]
     async with reader.slot():  # one slot: a pack reads at most PACK_MAX_BYTES of files
@@ -150,7 +150,7 @@ async def pack(request: web.Request) -> web.StreamResponse:
         metrics.pack_file_bytes.inc(answer.file_bytes)
         resp = web.StreamResponse(headers={
             hdrs.CONTENT_TYPE: BLOB_MEDIA_TYPE,
-            hdrs.ETAG: wire.pack_etag(digest),
+            hdrs.ETAG: protocol.pack_etag(digest),
             hdrs.CACHE_CONTROL: IMMUTABLE,
         })
         resp.content_length = len(answer.body)
@@ -160,7 +160,7 @@ async def pack(request: web.Request) -> web.StreamResponse:
 
 async def old_protocol(request: web.Request) -> web.StreamResponse:
     """Any /v1/ route: a spoke of protocol v1 learns why, in one line, and reads nothing."""
-    raise ProtocolVersion(f"this hub speaks protocol v{wire.API_VERSION} only, the spoke "
+    raise ProtocolVersion(f"this hub speaks protocol v{protocol.API_VERSION} only, the spoke "
                           f"asked for v1 ({request.path[:60]}): upgrade spokefs")
 
 
@@ -170,8 +170,8 @@ async def _once(body: bytes) -> AsyncIterator[bytes]:
 
 def _parse_id(text: str) -> int:
     try:
-        return wire.parse_id(text)
-    except wire.WireError as exc:
+        return protocol.parse_id(text)
+    except protocol.WireError as exc:
         raise BadId(str(exc)) from None
 
 

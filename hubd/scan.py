@@ -2,7 +2,7 @@
 
 Invariants:
 
-- A file id is a 63-bit xxh64 of ``(st_ino, mount)`` (at least ``wire.MIN_FILE_ID``), where
+- A file id is a 63-bit xxh64 of ``(st_ino, mount)`` (at least ``protocol.MIN_FILE_ID``), where
   ``mount`` names the filesystem the inode lives on *by where it sits in the export*, not
   by ``st_dev``: ``b""`` for ROOT's filesystem, and for an entry whose ``st_dev`` differs
   from its parent directory's (a mount point below ROOT) its path relative to ROOT; its
@@ -38,8 +38,8 @@ from collections.abc import Iterator
 
 import xxhash
 
-from hubd import wire
 from hubd.snapshot import TableBuilder
+from spokefs import protocol
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ def file_id_of(st: os.stat_result, mount: bytes = b"") -> int:
             own filesystem); see the module docstring.
     """
     h = xxhash.xxh64_intdigest(_INO.pack(st.st_ino) + mount) & _ID_MASK
-    return h if h >= wire.MIN_FILE_ID else h + wire.MIN_FILE_ID
+    return h if h >= protocol.MIN_FILE_ID else h + protocol.MIN_FILE_ID
 
 
 def _mtime_ns(st: os.stat_result) -> int:
@@ -205,7 +205,7 @@ class _Walk:
         if is_dir:
             self._dirs[file_id] = (parent_id, name)
             self._dir_keys.add(key)
-        self.table.add(wire.Entry(
+        self.table.add(protocol.Entry(
             file_id, parent_id, st.st_mode, st.st_size, _mtime_ns(st),
             min(st.st_nlink, _NLINK_MAX), version_of(st), name, target,
         ), st.st_dev, st.st_ino)

@@ -1,12 +1,12 @@
 """One generation of the exported namespace, stored compactly: no Python object per entry.
 
-Held as ``wire.Entry`` objects plus an id dict, a 1M-entry tree cost ~540 MB resident in
+Held as ``protocol.Entry`` objects plus an id dict, a 1M-entry tree cost ~540 MB resident in
 hubd; packed as below it costs about 120 MB, so the old and the new snapshot both fit
 while a rescan runs.
 
 A ``Table`` holds the entries of one scan:
 
-- ``records``: every entry's wire encoding (``wire.encode_entry``) back to back, in
+- ``records``: every entry's wire encoding (``protocol.encode_entry``) back to back, in
   snapshot order (root first, parent before child): the plain body of the snapshot stream.
 - ``offsets``: ``array('Q')`` of n + 1 positions: entry i is
   ``records[offsets[i]:offsets[i + 1]]``.
@@ -27,7 +27,7 @@ from array import array
 from collections.abc import Iterator, Sequence
 from typing import overload
 
-from hubd import wire
+from spokefs import protocol
 
 MAX_ENTRIES = 2**32 - 2  # entry indexes + 1 are stored as uint32
 
@@ -62,10 +62,10 @@ class TableBuilder:
         self._block_dirs.append(dir_id)
         self._block_starts.append(len(self._ids))
 
-    def add(self, entry: wire.Entry, dev: int, ino: int) -> None:
+    def add(self, entry: protocol.Entry, dev: int, ino: int) -> None:
         if len(self._ids) >= MAX_ENTRIES:
             raise OverflowError(f"more than {MAX_ENTRIES} entries")
-        self._records += wire.encode_entry(entry)
+        self._records += protocol.encode_entry(entry)
         self._offsets.append(len(self._records))
         self._ids.append(entry.file_id)
         if entry.mtime_ns > self.max_mtime_ns:
@@ -135,8 +135,8 @@ class Table:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def entry(self, index: int) -> wire.Entry:
-        return wire.decode_entry(self.records, self.offsets[index])[0]
+    def entry(self, index: int) -> protocol.Entry:
+        return protocol.decode_entry(self.records, self.offsets[index])[0]
 
     def record(self, index: int) -> bytearray:
         """Entry ``index`` in its wire encoding (a copy)."""
@@ -156,7 +156,7 @@ class Table:
             slot = (slot + 1) & mask
         return None
 
-    def lookup(self, file_id: int) -> wire.Entry | None:
+    def lookup(self, file_id: int) -> protocol.Entry | None:
         """The first entry with id ``file_id``, or None."""
         index = self.index_of(file_id)
         return None if index is None else self.entry(index)
@@ -186,13 +186,13 @@ class Table:
         """The zlib snapshot stream of this table as generation ``generation``."""
         comp = zlib.compressobj(level)
         count = len(self)
-        parts = [comp.compress(wire.encode_header(generation, self.root_id, count)),
+        parts = [comp.compress(protocol.encode_header(generation, self.root_id, count)),
                  comp.compress(self.records),
-                 comp.compress(wire.encode_trailer(count)), comp.flush()]
+                 comp.compress(protocol.encode_trailer(count)), comp.flush()]
         return b"".join(parts)
 
 
-class Entries(Sequence[wire.Entry]):
+class Entries(Sequence[protocol.Entry]):
     """A read-only sequence view of a table's entries, decoded on access."""
 
     __slots__ = ("_table",)
@@ -204,10 +204,10 @@ class Entries(Sequence[wire.Entry]):
         return len(self._table)
 
     @overload
-    def __getitem__(self, index: int) -> wire.Entry: ...
+    def __getitem__(self, index: int) -> protocol.Entry: ...
     @overload
-    def __getitem__(self, index: slice) -> list[wire.Entry]: ...
-    def __getitem__(self, index: int | slice) -> wire.Entry | list[wire.Entry]:
+    def __getitem__(self, index: slice) -> list[protocol.Entry]: ...
+    def __getitem__(self, index: int | slice) -> protocol.Entry | list[protocol.Entry]:
         if isinstance(index, slice):
             return [self._table.entry(i) for i in range(len(self))[index]]
         if index < 0:
@@ -216,7 +216,7 @@ class Entries(Sequence[wire.Entry]):
             raise IndexError(index)
         return self._table.entry(index)
 
-    def __iter__(self) -> Iterator[wire.Entry]:
+    def __iter__(self) -> Iterator[protocol.Entry]:
         return (self._table.entry(i) for i in range(len(self)))
 
 
@@ -254,7 +254,7 @@ class Snapshot:
         """Every entry in snapshot order (decoded on access: iterate, don't keep)."""
         return Entries(self.table)
 
-    def lookup(self, file_id: int) -> wire.Entry | None:
+    def lookup(self, file_id: int) -> protocol.Entry | None:
         return self.table.lookup(file_id)
 
     def path_parts(self, file_id: int) -> list[bytes] | None:

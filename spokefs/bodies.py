@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 import httpx
 import xxhash
 
-from hubd import wire
+from spokefs import protocol
 from spokefs.errors import HubProtocolError
 
 # the header deploy/regional's nginx adds: its cache status for the answer
@@ -36,25 +36,25 @@ def origin_of(resp: httpx.Response, origin: str) -> str:
 def unframed(body: bytes, file_id: int, version: int, first_frame: int) -> bytes:
     """The data of a framed body, every frame checked against its seeded sum."""
     data: list[memoryview] = []
-    seed = wire.frame_seed
+    seed = protocol.frame_seed
     digest = xxhash.xxh3_64_intdigest
     try:
-        for k, (chunk, want) in enumerate(wire.frames(body)):
+        for k, (chunk, want) in enumerate(protocol.split_frames(body)):
             if digest(chunk, seed(file_id, version, first_frame + k)) != want:
                 raise FrameMismatch(f"frame {first_frame + k} of {file_id:x} failed its "
                                     f"checksum")
             data.append(chunk)
-    except wire.WireError as exc:
+    except protocol.WireError as exc:
         raise HubProtocolError(f"bad framed answer: {exc}") from None
     return b"".join(data)
 
 
 def decoded(
-    decoder: wire.PackDecoder, piece: bytes
+    decoder: protocol.PackDecoder, piece: bytes
 ) -> list[tuple[tuple[int, int], tuple[bytes, int] | None]]:
     try:
         return decoder.feed(piece)
-    except wire.WireError as exc:
+    except protocol.WireError as exc:
         raise HubProtocolError(f"bad pack answer: {exc}") from None
 
 

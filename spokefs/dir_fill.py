@@ -17,8 +17,8 @@ bytes once and leaves the readers mostly reading what has already arrived.
   every class directory at start and then reads has them all filled from its first miss,
   while ``find`` over a million entries, which reads no file, sets off no fill at all
   (with fills it took five times as long: they listed and fetched every directory it
-  passed). A directory is listed once; its packs (``wire.plan_packs``: its small files in
-  name order, cut at ``wire.PACK_MAX_BYTES``) with a member that is neither cached nor in
+  passed). A directory is listed once; its packs (``protocol.plan_packs``: its small files in
+  name order, cut at ``protocol.PACK_MAX_BYTES``) with a member that is neither cached nor in
   flight join one FIFO queue. Packs are fixed by the namespace, not sized to the link, so
   that every spoke of a region asks a regional cache for the same URLs.
 - **Siblings.** When a second subdirectory of one parent is touched, the parent's other
@@ -45,7 +45,7 @@ bytes once and leaves the readers mostly reading what has already arrived.
   to be at least the assumed link rate (1 Gbit/s): at 900 ms a fill that started from a
   small window and doubled it every round trip would take seconds to fill the link, which
   is the whole cold epoch of a small dataset; on a slower link the extra bytes only queue
-  for a moment. Packs are at most ``wire.PACK_MAX_BYTES`` (3.75 MiB), so many connections
+  for a moment. Packs are at most ``protocol.PACK_MAX_BYTES`` (3.75 MiB), so many connections
   share the work; one connection carries at most its TCP window per round trip.
   ``warm_connections`` says how many connections that takes, for the hub client to keep
   open.
@@ -72,8 +72,7 @@ from typing import Protocol
 
 import trio
 
-from hubd import wire
-from spokefs import metrics
+from spokefs import metrics, protocol
 from spokefs.errors import SpokeError
 from spokefs.fetcher import Fetcher
 from spokefs.link_model import LinkModel, LinkReach
@@ -97,7 +96,7 @@ class DirLister(Protocol):
     """What fills (and the prefetcher's runs of shards) ask the namespace
     (``mount._DirLister``: in a worker thread)."""
 
-    async def packs(self, dir_id: int) -> list[wire.PackPlan]: ...
+    async def packs(self, dir_id: int) -> list[protocol.PackPlan]: ...
 
     async def siblings(self, dir_id: int) -> tuple[int, list[int]]: ...
 
@@ -135,8 +134,8 @@ class DirFiller:
         self._reach = reach
         self._dirs: OrderedDict[int, _Dir] = OrderedDict()
         self._dirs_tx, self._dirs_rx = trio.open_memory_channel[int](_QUEUED_DIRS)
-        self._queue: deque[tuple[wire.PackPlan, int]] = deque()  # (pack, its directory)
-        self._later: deque[tuple[wire.PackPlan, int]] = deque()  # packs of sibling directories
+        self._queue: deque[tuple[protocol.PackPlan, int]] = deque()  # (pack, its directory)
+        self._later: deque[tuple[protocol.PackPlan, int]] = deque()  # packs of sibling directories
         self._touched_children: dict[int, set[int]] = {}  # parent -> touched subdirectories
         self._expanded: set[int] = set()  # parents whose subdirectories were all queued
         self._siblings: deque[int] = deque()  # subdirectories to list when work runs short
@@ -280,9 +279,9 @@ class DirFiller:
     def warm_connections(self) -> int:
         """Connections that the bytes in flight need, for the hub client to keep open."""
         target = self._target_inflight()
-        return max(_MIN_WARM, min(_MAX_WARM, -(-target // wire.PACK_MAX_BYTES)))
+        return max(_MIN_WARM, min(_MAX_WARM, -(-target // protocol.PACK_MAX_BYTES)))
 
-    def _next_pack(self) -> tuple[wire.PackPlan, int, int] | None:
+    def _next_pack(self) -> tuple[protocol.PackPlan, int, int] | None:
         """The pack at the head of the queues and its directory, skipping packs whose
         members are all cached or in flight by now (readers fetched them); with the bytes
         still to come."""
@@ -313,7 +312,7 @@ class DirFiller:
             if queue and self._unread_bytes + head > self._budget:
                 self._reclaim()
             room = min(target - self._inflight_bytes, self._budget - self._unread_bytes)
-            if not queue or room < min(wire.PACK_MAX_BYTES, head):
+            if not queue or room < min(protocol.PACK_MAX_BYTES, head):
                 self._changed = trio.Event()
                 with trio.move_on_after(0.25):  # the target follows the link as it is measured
                     await self._changed.wait()
@@ -325,7 +324,7 @@ class DirFiller:
                 self._inflight_bytes += nbytes
                 nursery.start_soon(self._fetch, plan, dir_id, nbytes)
 
-    async def _fetch(self, plan: wire.PackPlan, dir_id: int, nbytes: int) -> None:
+    async def _fetch(self, plan: protocol.PackPlan, dir_id: int, nbytes: int) -> None:
         started = time.monotonic()
         keys = plan.items
         self._inflight_files.update(keys)

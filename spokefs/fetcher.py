@@ -45,8 +45,7 @@ from collections import OrderedDict
 
 import trio
 
-from hubd import wire
-from spokefs import metrics
+from spokefs import metrics, protocol
 from spokefs.cache.block_cache import (
     ORIGIN_DEMAND,
     ORIGIN_PREFETCH,
@@ -59,7 +58,7 @@ from spokefs.errors import SpokeError, StaleExport, single_spoke_error
 from spokefs.hub_client import HubClient
 from spokefs.types import FileVersion
 
-_RUN_BLOCKS = wire.MAX_RANGE_BYTES // BLOCK_SIZE
+_RUN_BLOCKS = protocol.MAX_RANGE_BYTES // BLOCK_SIZE
 _PACK_ERRORS_KEPT = 64  # failures of demand packs, until their readers look
 _TRACKED_PREFETCH_CHUNKS = 1 << 20  # ~100 MiB of bookkeeping at most
 
@@ -104,7 +103,7 @@ class Fetcher:
         for event in waits:
             await event.wait()
 
-    async def demand_pack(self, plan: wire.PackPlan, fv: FileVersion) -> None:
+    async def demand_pack(self, plan: protocol.PackPlan, fv: FileVersion) -> None:
         """Fetch ``fv`` (a member of ``plan``) through its pack, or wait for whoever fetches
         it; the other members nobody is fetching come along and are staged as prefetched.
 
@@ -140,7 +139,7 @@ class Fetcher:
         finally:
             self._nursery = None
 
-    async def _demand_pack_task(self, plan: wire.PackPlan, free: dict[tuple[int, int],
+    async def _demand_pack_task(self, plan: protocol.PackPlan, free: dict[tuple[int, int],
                                 FileVersion], claims: dict[tuple[int, int], set[ChunkKey]],
                                 fv: FileVersion) -> None:
         try:
@@ -208,7 +207,8 @@ class Fetcher:
         finally:
             self._release(claimed)
 
-    async def fetch_pack(self, plan: wire.PackPlan, *, replay: bool = False) -> list[FileVersion]:
+    async def fetch_pack(self, plan: protocol.PackPlan, *,
+                         replay: bool = False) -> list[FileVersion]:
         """Fetch the members of a pack that are neither cached, staged nor in flight; the
         members fetched (none if every member is taken care of already).
 
@@ -222,7 +222,7 @@ class Fetcher:
             return []
         return await self._fetch_claimed_pack(plan, free, claims, None, replay=replay)
 
-    def _claim_pack(self, plan: wire.PackPlan) -> tuple[dict[tuple[int, int], FileVersion],
+    def _claim_pack(self, plan: protocol.PackPlan) -> tuple[dict[tuple[int, int], FileVersion],
                                                         dict[tuple[int, int], set[ChunkKey]]]:
         """Claim the members that are neither cached, staged nor in flight (no await)."""
         members = [FileVersion(*m) for m in plan.members]
@@ -231,7 +231,7 @@ class Fetcher:
         return free, claims
 
     async def _fetch_claimed_pack(
-        self, plan: wire.PackPlan, free: dict[tuple[int, int], FileVersion],
+        self, plan: protocol.PackPlan, free: dict[tuple[int, int], FileVersion],
         claims: dict[tuple[int, int], set[ChunkKey]], demanded: FileVersion | None,
         *, replay: bool = False,
     ) -> list[FileVersion]:

@@ -8,12 +8,12 @@ retried with capped exponential backoff and full jitter until that deadline, the
 ``HubUnavailable``. Answers that retrying cannot fix map straight to domain errors:
 404/412 -> ``StaleExport``, 401 -> ``HubUnauthorized``, other 4xx -> ``HubProtocolError``.
 
-Blob answers are framed (``wire.py``, "Why a version 2"): every 4 KiB frame is checked
+Blob answers are framed (docs/protocol.md, "Why a version 2"): every 4 KiB frame is checked
 against its seeded xxh3 before any byte of the answer is returned, and every pack member
 against the sum in its record, so bytes damaged on the way (or by a cache) are never
 cached; a blob or pack answer is never read past the bytes asked for (a lying hub cannot
 fill memory). A snapshot answer with another content type is a bad snapshot
-(``wire.WireError``). A hub that answers 404 for ``/v2/snapshot`` speaks an older protocol:
+(``protocol.WireError``). A hub that answers 404 for ``/v2/snapshot`` speaks an older protocol:
 the mount fails with one line naming both versions.
 
 Replicas (``hub_origins``): each hub attempt goes to ``HubOrigins.current()`` (one pooled
@@ -58,8 +58,7 @@ import httpx
 import trio
 import xxhash
 
-from hubd import wire
-from spokefs import metrics
+from spokefs import metrics, protocol
 from spokefs.bodies import FrameMismatch, decoded, iter_capped, origin_of, read_capped, unframed
 from spokefs.errors import (
     CorruptBlock,
@@ -161,7 +160,7 @@ class HubClient:
     def align_bytes(self) -> int:
         """The grid data ranges start and end on: a tier's cache slice (1 MiB of data), or
         one 4 KiB frame straight to the hub (a random read moves 4 KiB, not 1 MiB)."""
-        return wire.SLICE_DATA_BYTES if self._tier is not None else wire.FRAME_DATA_BYTES
+        return protocol.SLICE_DATA_BYTES if self._tier is not None else protocol.FRAME_DATA_BYTES
 
     def _received(self, nbytes: int, origin: str = "hub") -> None:
         self.received_bytes += nbytes
@@ -194,13 +193,13 @@ class HubClient:
 
         async def attempt(base: str) -> bytes:
             sent = time.monotonic()
-            async with self._hubs[base].stream("GET", wire.SNAPSHOT_PATH) as resp:
+            async with self._hubs[base].stream("GET", protocol.SNAPSHOT_PATH) as resp:
                 self._waits.append(time.monotonic() - sent)
                 self._check_status(resp, "snapshot")
                 ctype = resp.headers.get("content-type", "")
-                if not ctype.startswith(wire.SNAPSHOT_MEDIA_TYPE):
-                    raise wire.WireError(f"content type {ctype[:60]!r}, not "
-                                         f"{wire.SNAPSHOT_MEDIA_TYPE}")
+                if not ctype.startswith(protocol.SNAPSHOT_MEDIA_TYPE):
+                    raise protocol.WireError(f"content type {ctype[:60]!r}, not "
+                                         f"{protocol.SNAPSHOT_MEDIA_TYPE}")
                 parts = [chunk async for chunk in resp.aiter_raw()]
             body = b"".join(parts)
             self._received(len(body))
@@ -219,7 +218,7 @@ class HubClient:
         """
 
         async def attempt(base: str) -> bytes:
-            resp = await self._hubs[base].get(wire.CHANGES_PATH, params={"since": str(since)})
+            resp = await self._hubs[base].get(protocol.CHANGES_PATH, params={"since": str(since)})
             if resp.status_code == 410:
                 metrics.HUB_REQUESTS.labels(kind="changes", status="410").inc()
                 raise GenerationGone(f"hub has no changes since generation {since} (410)")
@@ -243,12 +242,12 @@ class HubClient:
         Raises StaleExport when the hub no longer has that version, HubUnavailable after
         the deadline, CorruptBlock when the frames fail their sums on every attempt.
         """
-        assert start % wire.FRAME_DATA_BYTES == 0 and start < stop <= size
-        assert stop % wire.FRAME_DATA_BYTES == 0 or stop == size
-        path = wire.blob_path(file_id, version)
-        fstart, fstop = wire.framed_size(start), wire.framed_size(stop)
+        assert start % protocol.FRAME_DATA_BYTES == 0 and start < stop <= size
+        assert stop % protocol.FRAME_DATA_BYTES == 0 or stop == size
+        path = protocol.blob_path(file_id, version)
+        fstart, fstop = protocol.framed_size(start), protocol.framed_size(stop)
         headers = {"Range": f"bytes={fstart}-{fstop - 1}"}
-        first_frame = start // wire.FRAME_DATA_BYTES
+        first_frame = start // protocol.FRAME_DATA_BYTES
 
         async def attempt(http: httpx.AsyncClient, origin: str) -> bytes:
             sent = time.monotonic()
@@ -273,7 +272,7 @@ class HubClient:
             raise
 
     async def fetch_pack(
-        self, plan: wire.PackPlan,
+        self, plan: protocol.PackPlan,
         on_file: Callable[[tuple[int, int], bytes | None], None] | None = None,
     ) -> dict[tuple[int, int], bytes | None]:
         """The members of one pack, ``(file_id, version) -> bytes`` (None: gone on the hub).
@@ -289,11 +288,11 @@ class HubClient:
         out: dict[tuple[int, int], bytes | None] = {}
         items = plan.items
         # members add up to at most PACK_MAX_BYTES, plus one record header each
-        cap = plan.file_bytes + len(items) * wire.PACK_RECORD.size
+        cap = plan.file_bytes + len(items) * protocol.PACK_RECORD.size
 
         async def attempt(http: httpx.AsyncClient, origin: str) -> dict[
                 tuple[int, int], bytes | None]:
-            decoder = wire.PackDecoder(items)
+            decoder = protocol.PackDecoder(items)
             sent = time.monotonic()
             async with http.stream("GET", plan.path) as resp:
                 origin = self._answered(resp, origin, sent)
@@ -312,7 +311,7 @@ class HubClient:
                             on_file(key, data)
             try:
                 decoder.finish()
-            except wire.WireError as exc:
+            except protocol.WireError as exc:
                 raise HubProtocolError(f"bad pack answer: {exc}") from None
             return out
 
@@ -342,7 +341,7 @@ class HubClient:
             except _Retry as exc:
                 reason = "checksum" if exc.reason == "checksum" else "status"
                 self._tier_failed(kind, reason, str(exc), pause=False)
-            except (HubProtocolError, wire.WireError) as exc:
+            except (HubProtocolError, protocol.WireError) as exc:
                 self._tier_failed(kind, "protocol", str(exc), pause=False)
             except SpokeError as exc:  # 404, 412, 401 and the like from the tier
                 self._tier_failed(kind, "status", str(exc), pause=False)
@@ -387,7 +386,7 @@ class HubClient:
 
     async def _touch(self) -> None:
         try:
-            resp = await self._hubs[self.origins.current()].get(wire.HEALTH_PATH)
+            resp = await self._hubs[self.origins.current()].get(protocol.HEALTH_PATH)
             self._received(len(resp.content))
         except httpx.HTTPError:
             pass  # a hub that is away is noticed by real requests
@@ -396,7 +395,7 @@ class HubClient:
         """Whether the hub at ``base`` answers ``GET /healthz`` with 200; never raises."""
         try:
             with trio.fail_after(_PROBE_TIMEOUT_S):
-                resp = await self._hubs[base].get(wire.HEALTH_PATH)
+                resp = await self._hubs[base].get(protocol.HEALTH_PATH)
         except (httpx.HTTPError, trio.TooSlowError):
             return False
         self._received(len(resp.content))
@@ -416,13 +415,13 @@ class HubClient:
         metrics.HUB_REQUESTS.labels(kind=kind, status=str(status)).inc()
         if status in (200, 206):
             return
-        reason = resp.headers.get(wire.HEADER_ERROR, "") or str(status)
+        reason = resp.headers.get(protocol.HEADER_ERROR, "") or str(status)
         if status == 404 and kind == "snapshot":
             raise HubProtocolError(
-                f"{self.base_url} does not speak protocol v{wire.API_VERSION} (it answered "
-                f"404 for {wire.SNAPSHOT_PATH}): it is an older hubd (protocol v1?); this "
-                f"spokefs needs a hubd of protocol v{wire.API_VERSION}")
-        if reason == wire.ERROR_PROTOCOL_VERSION:
+                f"{self.base_url} does not speak protocol v{protocol.API_VERSION} (it answered "
+                f"404 for {protocol.SNAPSHOT_PATH}): it is an older hubd (protocol v1?); this "
+                f"spokefs needs a hubd of protocol v{protocol.API_VERSION}")
+        if reason == protocol.ERROR_PROTOCOL_VERSION:
             raise HubProtocolError(f"hub answered {status} {reason}")
         if status in _RETRY_STATUSES:
             raise _Retry(f"http_{status}", f"hub answered {status} {reason}")

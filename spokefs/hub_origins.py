@@ -1,7 +1,7 @@
 """Which hub replica a spoke talks to: the list, the current one, failover and failback.
 
 A spoke may be given several hub URLs (``spokefs mount URL1,URL2 ...``): replicas that
-export the same tree, so they agree on file ids, versions and generations (``hubd/wire.py``,
+export the same tree, so they agree on file ids, versions and generations (docs/protocol.md,
 "Replicas"). The first is *preferred*. ``HubClient`` asks ``current()`` for the base URL of
 each request, and reports how it went:
 

@@ -28,8 +28,7 @@ import pyfuse3
 import trio
 from prometheus_client import start_http_server
 
-from hubd import wire
-from spokefs import cachedir, trace_file
+from spokefs import cachedir, protocol, trace_file
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import SpokeConfig
 from spokefs.control import Control
@@ -98,25 +97,25 @@ class _DirLister:
     def __init__(self, ns: Namespace) -> None:
         self._ns = ns
         self._subdirs: OrderedDict[int, tuple[int, list[int]]] = OrderedDict()
-        self._packs: OrderedDict[int, tuple[int, list[wire.PackPlan],
-                                            dict[int, wire.PackPlan]]] = OrderedDict()
+        self._packs: OrderedDict[int, tuple[int, list[protocol.PackPlan],
+                                            dict[int, protocol.PackPlan]]] = OrderedDict()
 
-    async def packs(self, dir_id: int) -> list[wire.PackPlan]:
+    async def packs(self, dir_id: int) -> list[protocol.PackPlan]:
         return (await self._packs_of(dir_id))[0]
 
-    async def pack_of(self, dir_id: int, fv: FileVersion) -> wire.PackPlan | None:
+    async def pack_of(self, dir_id: int, fv: FileVersion) -> protocol.PackPlan | None:
         plan = (await self._packs_of(dir_id))[1].get(fv.file_id)
         if plan is None or (fv.file_id, fv.version, fv.size) not in plan.members:
             return None  # listed elsewhere, or the namespace moved on since the open
         return plan
 
-    async def _packs_of(self, dir_id: int) -> tuple[list[wire.PackPlan],
-                                                    dict[int, wire.PackPlan]]:
+    async def _packs_of(self, dir_id: int) -> tuple[list[protocol.PackPlan],
+                                                    dict[int, protocol.PackPlan]]:
         generation = self._ns.info.generation if self._ns.info else 0
         kept = self._packs.get(dir_id)
         if kept is None or kept[0] != generation:
             rows = await trio.to_thread.run_sync(self._ns.dir_files_named, dir_id)
-            plans = wire.plan_packs(dir_id, rows)
+            plans = protocol.plan_packs(dir_id, rows)
             index = {m[0]: p for p in plans for m in p.members}
             kept = self._packs[dir_id] = (generation, plans, index)
             if len(self._packs) > self._PACKS_KEPT:

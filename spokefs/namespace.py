@@ -25,10 +25,11 @@ Loading a snapshot is a bulk job (``_BulkLoader``): the stream is decoded a step
 into plain tuples and each db gets one ``putmulti`` per step, so a million entries cost a
 few seconds and memory bounded by one step, not a Python object per entry.
 
-Changes (``apply_changes``) follow ``wire``'s rules: REMOVE unlinks one name and is never
-recursive; UPSERT sets one name to an entry. An inode that loses its last name keeps its
-attributes, so a file open across its removal can still be stat'ed and read (its bytes
-come from its own version); such orphans are small and stay until the next full snapshot.
+Changes (``apply_changes``) follow the protocol's rules (docs/protocol.md): REMOVE unlinks
+one name and is never recursive; UPSERT sets one name to an entry. An inode that loses its
+last name keeps its attributes, so a file open across its removal can still be stat'ed and
+read (its bytes come from its own version); such orphans are small and stay until the next
+full snapshot.
 
 Reads are small gets on a memory map and run inline on the trio thread
 (docs/contributing.md, section 5); the load and the listings that directory fills ask for
@@ -46,8 +47,7 @@ from pathlib import Path
 
 import lmdb
 
-from hubd import wire
-from spokefs import namespace_seal
+from spokefs import namespace_seal, protocol
 from spokefs.errors import NotFound, StoreFailed
 from spokefs.lmdb_env import open_env
 
@@ -121,7 +121,7 @@ class _BulkLoader:
     """Stores a whole snapshot into emptied dbs inside one write transaction, fast.
 
     The compressed stream is decoded a step at a time into plain tuples
-    (``wire.SnapshotDecoder.feed_rows``), each step's keys and values are built in list
+    (``protocol.SnapshotDecoder.feed_rows``), each step's keys and values are built in list
     comprehensions and stored with one ``putmulti`` per db (LMDB's loop in C instead of
     three Python calls per entry). Memory stays bounded by one step (about 1 MiB of
     compressed input, tens of thousands of entries), not by the snapshot.
@@ -140,13 +140,13 @@ class _BulkLoader:
         self.count = 0
         self.total = 0
 
-    def load(self, txn: lmdb.Transaction[bytes], compressed: bytes) -> wire.SnapshotHeader:
+    def load(self, txn: lmdb.Transaction[bytes], compressed: bytes) -> protocol.SnapshotHeader:
         """Decode and store every entry; the snapshot's header.
 
         Raises:
-            wire.WireError: malformed or hostile (the caller aborts the transaction).
+            protocol.WireError: malformed or hostile (the caller aborts the transaction).
         """
-        decoder = wire.SnapshotDecoder()
+        decoder = protocol.SnapshotDecoder()
         view = memoryview(compressed)
         for i in range(0, len(view), self._STEP):
             rows = decoder.feed_rows(view[i : i + self._STEP])
@@ -154,7 +154,7 @@ class _BulkLoader:
                 self._store(txn, rows)
         return decoder.finish()
 
-    def _store(self, txn: lmdb.Transaction[bytes], rows: list[wire.Row]) -> None:
+    def _store(self, txn: lmdb.Transaction[bytes], rows: list[protocol.Row]) -> None:
         pack_id, pack_attr = _ID.pack, _ATTR.pack
         attrs = [
             (pack_id(r[0]), pack_attr(r[2], r[3], r[4], r[5], r[6], r[1]) + r[8]) for r in rows
@@ -162,12 +162,12 @@ class _BulkLoader:
         txn.cursor(db=self._attr).putmulti(attrs, overwrite=False)
         dents, dposs = self._names(rows)
         if txn.cursor(db=self._dent).putmulti(dents, overwrite=False)[1] != len(dents):
-            raise wire.WireError(_duplicate_name(txn, self._dent, dents))
+            raise protocol.WireError(_duplicate_name(txn, self._dent, dents))
         txn.cursor(db=self._dpos).putmulti(dposs)
         self.count += len(rows)
         self.total += sum(r[3] for r in rows if r[2] & 0o170000 != stat.S_IFDIR)
 
-    def _names(self, rows: list[wire.Row]) -> tuple[list[tuple[bytes, bytes]],
+    def _names(self, rows: list[protocol.Row]) -> tuple[list[tuple[bytes, bytes]],
                                                     list[tuple[bytes, bytes]]]:
         """The dent and dpos items of ``rows``: each child gets its parent's next position."""
         positions = self._positions
@@ -226,7 +226,7 @@ class Namespace:
         """Replace the namespace with a snapshot from the hub (blocking; run in a thread).
 
         Raises:
-            wire.WireError: the snapshot is malformed or hostile; nothing is changed.
+            protocol.WireError: the snapshot is malformed or hostile; nothing is changed.
         """
         return self.reload_snapshot(compressed).info
 
@@ -238,7 +238,7 @@ class Namespace:
         whose version changed or vanished (its cached pages hold the old bytes).
 
         Raises:
-            wire.WireError: the snapshot is malformed or hostile; nothing is changed.
+            protocol.WireError: the snapshot is malformed or hostile; nothing is changed.
         """
         old_versions: dict[int, int] = {}
         old_dirs: list[int] = []
@@ -289,7 +289,7 @@ class Namespace:
         """Apply a changes answer from the hub (blocking; run in a thread).
 
         Raises:
-            wire.WireError: malformed, hostile, or not based on this namespace's generation
+            protocol.WireError: malformed, hostile, or not based on this namespace's generation
                 (the caller then loads a full snapshot); nothing is changed.
             StoreFailed: the changes could not be written (a full disk, a failing one);
                 nothing is changed.
@@ -301,9 +301,9 @@ class Namespace:
 
     def _apply_changes(self, compressed: bytes) -> Applied:
         if self.info is None:
-            raise wire.WireError("no namespace to apply changes to")
+            raise protocol.WireError("no namespace to apply changes to")
         info = self.info
-        decoder = wire.ChangesDecoder()
+        decoder = protocol.ChangesDecoder()
         batch = _Batch(info.entries, info.total_bytes, [], set(), {}, {})
         count = 0
         with self._env.begin(write=True) as txn:
@@ -314,15 +314,15 @@ class Namespace:
                         decoder.header.from_generation != info.generation
                         or decoder.header.root_id != info.root_id
                     ):
-                        raise wire.WireError("changes are not based on this namespace")
-                    if isinstance(rec, wire.Remove):
+                        raise protocol.WireError("changes are not based on this namespace")
+                    if isinstance(rec, protocol.Remove):
                         self._remove(txn, rec.parent_id, rec.name, batch)
                     else:
                         self._upsert(txn, rec.entry, batch)
                     count += 1
             header = decoder.finish()
             if header.from_generation != info.generation or header.root_id != info.root_id:
-                raise wire.WireError("changes are not based on this namespace")
+                raise protocol.WireError("changes are not based on this namespace")
             for fid, size in batch.unlinked.items():
                 raw = txn.get(_ID.pack(fid), db=self._attr)
                 if raw is not None and _ATTR.unpack_from(raw)[3] <= 1:
@@ -332,7 +332,7 @@ class Namespace:
         self.info = new
         return Applied(new, batch.names, sorted(batch.inodes), count)
 
-    def _upsert(self, txn: lmdb.Transaction[bytes], e: wire.Entry, b: _Batch) -> None:
+    def _upsert(self, txn: lmdb.Transaction[bytes], e: protocol.Entry, b: _Batch) -> None:
         key = _ID.pack(e.file_id)
         old = txn.get(key, db=self._attr)
         if e.parent_id:
@@ -350,21 +350,21 @@ class Namespace:
         attr = _ATTR.pack(e.mode, e.size, e.mtime_ns, e.nlink, e.version, e.parent_id)
         txn.put(key, attr + e.target, db=self._attr)
 
-    def _check_parent(self, txn: lmdb.Transaction[bytes], e: wire.Entry) -> None:
+    def _check_parent(self, txn: lmdb.Transaction[bytes], e: protocol.Entry) -> None:
         raw = txn.get(_ID.pack(e.parent_id), db=self._attr)
         if raw is None or not stat.S_ISDIR(_ATTR.unpack_from(raw)[0]):
-            raise wire.WireError(f"{e.name[:40]!r}: parent {e.parent_id:x} is not a directory")
+            raise protocol.WireError(f"{e.name[:40]!r}: parent {e.parent_id:x} is not a directory")
         if not e.is_dir:
             return
         node, depth = e.parent_id, 0
         while node != self._root_id():  # a directory moved below itself would be a cycle
             if node == e.file_id or depth > 100_000 or raw is None:
-                raise wire.WireError(f"directory {e.file_id:x} would be its own ancestor")
+                raise protocol.WireError(f"directory {e.file_id:x} would be its own ancestor")
             node = _ATTR.unpack_from(raw)[5]
             raw = txn.get(_ID.pack(node), db=self._attr)
             depth += 1
 
-    def _link(self, txn: lmdb.Transaction[bytes], e: wire.Entry, b: _Batch) -> None:
+    def _link(self, txn: lmdb.Transaction[bytes], e: protocol.Entry, b: _Batch) -> None:
         dkey = _ID.pack(e.parent_id) + e.name
         child = _ID.pack(e.file_id)
         dent = txn.get(dkey, db=self._dent)
@@ -384,7 +384,7 @@ class Namespace:
         dkey = _ID.pack(parent) + name
         dent = txn.get(dkey, db=self._dent)
         if dent is None:
-            raise wire.WireError(f"remove of {name[:40]!r} in {parent:x}: no such name")
+            raise protocol.WireError(f"remove of {name[:40]!r} in {parent:x}: no such name")
         fid = _ID.unpack_from(dent)[0]
         txn.delete(dkey, db=self._dent)
         txn.delete(_POS.pack(parent, _POS_ONLY.unpack_from(dent, 8)[0]), db=self._dpos)
@@ -531,7 +531,7 @@ class Namespace:
 
     def dir_files_named(self, dir_id: int) -> list[tuple[bytes, int, int, int]]:
         """``(name, file_id, version, size)`` of the regular files in a directory: what
-        ``wire.plan_packs`` takes. Blocking for a large directory: callers run it in a
+        ``protocol.plan_packs`` takes. Blocking for a large directory: callers run it in a
         thread."""
         return [(name, fid, version, size)
                 for fid, mode, size, version, name in self._children(dir_id)

@@ -7,7 +7,7 @@ Each stream's first read of a file (of each ``trace.EXTENT_BYTES`` extent, for a
 noted in the access trace (``trace``): a comparison per read, a set lookup per new extent.
 
 A small file (up to ``small_file_bytes``) is fetched whole on its first miss: one round trip
-instead of one per kernel read; one that belongs in a pack (``wire.packable``) comes with
+instead of one per kernel read; one that belongs in a pack (``protocol.packable``) comes with
 its pack (``fetcher.demand_pack``), so each small file has one URL for a regional cache.
 
 Deadline. A read that misses waits at most ``deadline_s`` (the hub deadline) in all, then
@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from hubd import wire
-from spokefs import metrics
+from spokefs import metrics, protocol
 from spokefs.cache.block_cache import ORIGINS, CacheStats, ReadResult
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS
 from spokefs.errors import HubUnavailable
@@ -91,7 +90,7 @@ class Stream:
 class PackFinder(Protocol):
     """Where a small file's pack is (``mount._DirLister``)."""
 
-    async def pack_of(self, dir_id: int, fv: FileVersion) -> wire.PackPlan | None: ...
+    async def pack_of(self, dir_id: int, fv: FileVersion) -> protocol.PackPlan | None: ...
 
 
 class Reader:
@@ -212,7 +211,7 @@ class Reader:
         """Fetch (or wait for others' fetches of) the missing blocks, then read again."""
         fv = stream.fv
         plan = None
-        if self._packs is not None and wire.packable(fv.size) and fv.size <= self._small:
+        if self._packs is not None and protocol.packable(fv.size) and fv.size <= self._small:
             plan = await self._packs.pack_of(stream.parent_id, fv)
         if plan is not None:
             await self._fetcher.demand_pack(plan, fv)

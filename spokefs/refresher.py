@@ -20,12 +20,12 @@ Log lines a remount leaves: ``mounting the stored namespace`` at once, then ``ca
 with the hub`` (or ``catch-up failed ... retrying``) once the hub answered.
 
 Hub replicas (``hub_origins``): the polls go to whichever hub is in use, and continue from
-our generation on a new one, since replicas number the same tree alike (wire.py,
+our generation on a new one, since replicas number the same tree alike (docs/protocol.md,
 "Replicas"). A hub that answers 400, our generation newer than its own (``HubBehind``: a
 replica one rescan behind the one we got it from), is *not* followed back in time: we keep
 our namespace, so no file goes back to an older version, and poll again as usual; reads
 of files it does not list yet go to a replica that does (``hub_client``). Only if it stays
-"behind" for ``behind_grace_s`` (it numbered a tree differently, which wire.py allows
+"behind" for ``behind_grace_s`` (it numbered a tree differently, which the protocol allows
 after a change that did not move the newest mtime) do we take its snapshot.
 """
 
@@ -38,8 +38,7 @@ import time
 import pyfuse3
 import trio
 
-from hubd import wire
-from spokefs import metrics
+from spokefs import metrics, protocol
 from spokefs.errors import (
     GenerationGone,
     HubBehind,
@@ -113,7 +112,7 @@ class Refresher:
             raise UserError(
                 f"the hub at {self._hubs()} refused the namespace: {exc}"
             ) from None
-        except wire.WireError as exc:
+        except protocol.WireError as exc:
             raise UserError(f"the hub at {self._hubs()} sent a bad snapshot: {exc}") from None
         except LoadFailed as exc:
             raise UserError(f"cannot store the namespace in {self._ns.path}: {exc}") from None
@@ -156,7 +155,7 @@ class Refresher:
             self._last_error = None
             try:
                 await self._poll()
-            except (HubUnavailable, HubProtocolError, wire.WireError, LoadFailed,
+            except (HubUnavailable, HubProtocolError, protocol.WireError, LoadFailed,
                     StoreFailed) as exc:
                 self._last_error = exc
                 metrics.REFRESH_ERRORS.inc()
@@ -214,7 +213,7 @@ class Refresher:
                      info.generation)
             await self._full(deadline_s)
             return
-        except wire.WireError as exc:
+        except protocol.WireError as exc:
             log.warning("changes since generation %d do not apply (%s): taking a full snapshot",
                         info.generation, exc)
             await self._full(deadline_s)

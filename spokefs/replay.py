@@ -4,10 +4,10 @@ the link's full speed (``spokefs mount --replay``, ``spokefs warm --trace``/``--
 - **Order.** Targets go in the trace's order, so the files a job reads first arrive first;
   epoch 1 of the next run then reads what has already arrived, as long as the replay stays
   ahead of it.
-- **Full speed.** Small files come in their directories' packs (``wire.plan_packs``, one
+- **Full speed.** Small files come in their directories' packs (``protocol.plan_packs``, one
   URL per small file for a regional tier; a pack is started at the first of its files in
   the trace, so a trace that read part of a directory also brings the rest of each pack it
-  touches, at most ``wire.PACK_MAX_BYTES`` a pack), large ones in ranges of
+  touches, at most ``protocol.PACK_MAX_BYTES`` a pack), large ones in ranges of
   ``request_bytes`` (runs of the trace's extents, cut); requests run in parallel until
   about twice the link's bandwidth-delay product is in flight (``link_model.LinkReach``, as
   directory fills do): a long link is full only when that much is on its way.
@@ -40,8 +40,7 @@ from typing import Protocol
 
 import trio
 
-from hubd import wire
-from spokefs import metrics
+from spokefs import metrics, protocol
 from spokefs.cache.block_cache import BlockCache
 from spokefs.errors import SpokeError
 from spokefs.fetcher import Fetcher
@@ -60,7 +59,7 @@ class PackFinder(Protocol):
     """Where a small file's pack is (``mount._DirLister``: each directory's packs, listed
     once and kept)."""
 
-    async def pack_of(self, dir_id: int, fv: FileVersion) -> wire.PackPlan | None: ...
+    async def pack_of(self, dir_id: int, fv: FileVersion) -> protocol.PackPlan | None: ...
 
 
 @dataclass(slots=True)
@@ -221,7 +220,7 @@ class Replayer:
             if n % 256 == 0:
                 await trio.lowlevel.checkpoint()  # a long run of cached files must not
                 # hold the event loop
-            if t.extents is None and wire.packable(t.fv.size) and t.fv.size <= self._small:
+            if t.extents is None and protocol.packable(t.fv.size) and t.fv.size <= self._small:
                 await self._small_file(progress, t, packs, nursery)
                 continue
             for start, end in _ranges(t, self._request_bytes):
@@ -265,7 +264,7 @@ class Replayer:
         self._inflight += nbytes
         nursery.start_soon(fn, *args)
 
-    async def _pack(self, progress: Progress, plan: wire.PackPlan, job: _PackJob) -> None:
+    async def _pack(self, progress: Progress, plan: protocol.PackPlan, job: _PackJob) -> None:
         try:
             fetched = await self._fetcher.fetch_pack(plan, replay=True)
             got = sum(f.size for f in fetched)

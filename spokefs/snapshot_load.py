@@ -22,7 +22,7 @@ from pathlib import Path
 
 import trio
 
-from hubd import wire
+from spokefs import protocol
 from spokefs.errors import SpokeError
 from spokefs.namespace import Applied, Namespace
 
@@ -37,7 +37,7 @@ async def reload_snapshot_apart(ns: Namespace, compressed: bytes) -> Applied:
     """``ns.reload_snapshot(compressed)`` in a child process; ``ns.info`` is current after.
 
     Raises:
-        wire.WireError: the snapshot is malformed or hostile; nothing is changed.
+        protocol.WireError: the snapshot is malformed or hostile; nothing is changed.
         LoadFailed: the child could not load it (it died, or the disk failed).
     """
     done = await trio.run_process(
@@ -46,7 +46,7 @@ async def reload_snapshot_apart(ns: Namespace, compressed: bytes) -> Applied:
     )
     why = _last_line(done.stderr)
     if done.returncode == _BAD_SNAPSHOT:
-        raise wire.WireError(why)
+        raise protocol.WireError(why)
     if done.returncode != 0:
         raise LoadFailed(f"the snapshot loader exited {done.returncode}: {why}")
     applied = pickle.loads(done.stdout)
@@ -67,7 +67,7 @@ def main(argv: list[str]) -> int:
     ns = Namespace(Path(argv[0]))
     try:
         applied = ns.reload_snapshot(compressed)
-    except wire.WireError as exc:
+    except protocol.WireError as exc:
         print(exc, file=sys.stderr)
         return _BAD_SNAPSHOT
     finally:

@@ -6,7 +6,7 @@ and ``read_pack(dir_id, index, digest)`` and get the same answers as from a dire
 neither the routes nor the wire protocol know which backend serves them:
 
 - ``open_framed``: the version and the range are checked against the snapshot (its size,
-  ``wire.framed_size``) before any byte is fetched, so a stale version is a clean 412.
+  ``protocol.framed_size``) before any byte is fetched, so a stale version is a clean 412.
   The answer's file bytes, from its first frame to its last (not the whole slices at its
   edges: a spoke's 3.75 MiB range touches 4-5 slices, and their whole bytes were 1.27 x
   what it asked for), are then fetched in GETs of up to ``_GET_SLICES`` slices (4 MiB), each
@@ -14,8 +14,8 @@ neither the routes nor the wire protocol know which backend serves them:
   are sent (at most two GETs' bytes per request in memory). Each GET's body is streamed:
   a slice is ready as soon as its 1 MiB has arrived, so the first frames leave while the
   rest of the GET is still coming (``S3Client.get_streamed``). ``read_piece`` frames one
-  slice: a 4 KiB frame, then its seeded xxh3 (``wire.frame_seed``), exactly as
-  ``framed.FramedBlob`` does for a file on disk: no byte reaches a spoke without its sum.
+  slice with ``protocol.encode_frames``, as ``framed.FramedBlob`` does for a file on disk:
+  no byte reaches a spoke without its sum.
 - ``read_pack``: ``framed.PackPlans`` finds the pack as for a directory, then every member
   is fetched whole, up to ``_PACK_PARALLEL`` GETs of a pack queued at once on the client's
   connection pool, whose queue is first come, first served: a pack asked for first is
@@ -34,9 +34,6 @@ import contextlib
 import stat
 from typing import Any
 
-import xxhash
-
-from hubd import wire
 from hubd.errors import StaleVersion, UnknownFile
 from hubd.framed import FramedRange, PackPlans
 from hubd.range_reader import Pack, RangeSpec, resolve_range
@@ -44,6 +41,7 @@ from hubd.read_slots import ReadSlots
 from hubd.s3.bucket import BucketExport
 from hubd.s3.errors import first_error
 from hubd.snapshot import Snapshot
+from spokefs import protocol
 
 # One GET carries 4 slices (4 MiB of data): a spoke request (3.75 MiB) is one or two GETs,
 # and an epoch costs ~250,000 GETs per TB instead of a million with a GET per slice.
@@ -54,19 +52,6 @@ _GET_SLICES = 4
 # flight took turns and all finished late together: 0.61 of the directory hub's cold small
 # files/s at 60 ms (bench_s3_link, at ae36e9e).
 _PACK_PARALLEL = 256
-
-
-def frame_slice(data: bytes, file_id: int, version: int, first_frame: int) -> bytes:
-    """``data`` (one slice's file bytes, starting at frame ``first_frame``) in the framed
-    representation: each 4 KiB frame followed by its seeded xxh3."""
-    parts: list[bytes | memoryview] = []
-    view = memoryview(data)
-    for k, pos in enumerate(range(0, len(view), wire.FRAME_DATA_BYTES)):
-        chunk = view[pos : pos + wire.FRAME_DATA_BYTES]
-        seed = wire.frame_seed(file_id, version, first_frame + k)
-        parts.append(chunk)
-        parts.append(wire.FRAME_SUM.pack(xxhash.xxh3_64_intdigest(chunk, seed)))
-    return b"".join(parts)
 
 
 class BucketBlob:
@@ -85,12 +70,13 @@ class BucketBlob:
         self._version = version
         self._size = size
         self.range = rng
-        self._first_slice = rng.start // wire.SLICE_BYTES
-        last_slice = (rng.stop - 1) // wire.SLICE_BYTES if rng.stop > rng.start else -1
+        self._first_slice = rng.start // protocol.SLICE_BYTES
+        last_slice = (rng.stop - 1) // protocol.SLICE_BYTES if rng.stop > rng.start else -1
         self.pieces = last_slice - self._first_slice + 1
         # the file bytes the answer's frames hold: [_data_start, _data_stop)
-        self._data_start = rng.start // wire.FRAME_BYTES * wire.FRAME_DATA_BYTES
-        self._data_stop = min(((rng.stop - 1) // wire.FRAME_BYTES + 1) * wire.FRAME_DATA_BYTES,
+        self._data_start = rng.start // protocol.FRAME_BYTES * protocol.FRAME_DATA_BYTES
+        last_frame = (rng.stop - 1) // protocol.FRAME_BYTES
+        self._data_stop = min((last_frame + 1) * protocol.FRAME_DATA_BYTES,
                               size) if self.pieces else self._data_start
         self._gets: dict[int, asyncio.Task[None]] = {}  # GET number -> its task
         self._slices: dict[int, asyncio.Future[bytes]] = {}  # piece -> its file bytes
@@ -114,8 +100,8 @@ class BucketBlob:
         if n in self._gets:
             return
         first = self._first_slice + n * _GET_SLICES
-        start = max(first * wire.SLICE_DATA_BYTES, self._data_start)
-        stop = min((first + _GET_SLICES) * wire.SLICE_DATA_BYTES, self._data_stop)
+        start = max(first * protocol.SLICE_DATA_BYTES, self._data_start)
+        stop = min((first + _GET_SLICES) * protocol.SLICE_DATA_BYTES, self._data_stop)
         loop = asyncio.get_running_loop()
         pending = [self._slices.setdefault(i, loop.create_future())
                    for i in range(n * _GET_SLICES, min((n + 1) * _GET_SLICES, self.pieces))]
@@ -128,7 +114,7 @@ class BucketBlob:
         async def fetch() -> None:
             try:
                 await self._export.read_streamed(self._snap, self._file_id, self._version,
-                                                 start, stop, wire.SLICE_DATA_BYTES, deliver)
+                                                 start, stop, protocol.SLICE_DATA_BYTES, deliver)
             except Exception as exc:  # handed to the pieces that wait for this GET
                 for waiter in pending:
                     if not waiter.done():
@@ -150,9 +136,9 @@ class BucketBlob:
             self._get(n + 1)  # the next GET runs while this one's slices are sent
         data = await self._slices.pop(i)  # its bytes are freed once framed
         s = self._first_slice + i
-        frame = max(s * wire.SLICE_DATA_BYTES, self._data_start) // wire.FRAME_DATA_BYTES
-        framed = frame_slice(data, self._file_id, self._version, frame)
-        base = frame * wire.FRAME_BYTES
+        frame = max(s * protocol.SLICE_DATA_BYTES, self._data_start) // protocol.FRAME_DATA_BYTES
+        framed = protocol.encode_frames(data, self._file_id, self._version, frame)
+        base = frame * protocol.FRAME_BYTES
         lo = max(self.range.start - base, 0)
         hi = min(self.range.stop - base, len(framed))
         return framed if (lo, hi) == (0, len(framed)) else framed[lo:hi]
@@ -196,7 +182,7 @@ class BucketReader:
             raise UnknownFile(f"no file {file_id:016x} in generation {snap.generation}")
         if entry.version != version:
             raise StaleVersion(f"file {file_id:016x} is at version {entry.version:016x}")
-        rng = resolve_range(spec, wire.framed_size(entry.size))
+        rng = resolve_range(spec, protocol.framed_size(entry.size))
         return BucketBlob(self._export, snap, file_id, version, entry.size, rng)
 
     async def read_piece(self, blob: BucketBlob, index: int) -> bytes:

@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from hubd import wire
 from hubd.s3.client import ObjectInfo
 from hubd.snapshot import TableBuilder
+from spokefs import protocol
 
 NAME_MAX = 255
 FILE_MODE = stat.S_IFREG | 0o644
@@ -56,7 +56,7 @@ Node = dict[str, "Node | ObjectInfo"]
 def object_id(bucket: str, key: str) -> int:
     """The stable id of ``key`` in ``bucket`` (a directory's key ends with ``/``)."""
     h = xxhash.xxh64_intdigest(bucket.encode() + _SEP + key.encode()) & _ID_MASK
-    return h if h >= wire.MIN_FILE_ID else h + wire.MIN_FILE_ID
+    return h if h >= protocol.MIN_FILE_ID else h + protocol.MIN_FILE_ID
 
 
 def object_version(etag: str, size: int) -> int:
@@ -167,12 +167,12 @@ class _Emitter:
     def add_dir(self, dir_id: int, parent_id: int, name: str, node: Node) -> None:
         mtime, subdirs = self.summary[id(node)]
         version = xxhash.xxh64_intdigest(_DIR_VERSION.pack(mtime, subdirs))
-        self.table.add(wire.Entry(dir_id, parent_id, DIR_MODE, 0, mtime, 2 + subdirs,
+        self.table.add(protocol.Entry(dir_id, parent_id, DIR_MODE, 0, mtime, 2 + subdirs,
                                   version, name.encode(), b""), 0, dir_id)
         self.stats.dirs += 1
 
     def add_file(self, file_id: int, parent_id: int, name: str, obj: ObjectInfo) -> None:
-        self.table.add(wire.Entry(file_id, parent_id, FILE_MODE, obj.size, obj.mtime_ns, 1,
+        self.table.add(protocol.Entry(file_id, parent_id, FILE_MODE, obj.size, obj.mtime_ns, 1,
                                   object_version(obj.etag, obj.size), name.encode(), b""),
                        0, file_id)
         self.etags[file_id] = obj.etag

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 import xxhash
 
-from hubd import wire
+from spokefs import protocol
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_RE = re.compile(r"at (http://\S+) \(")
@@ -183,23 +183,24 @@ def build_tree(base: Path) -> Tree:
     os.symlink("nowhere", root / "dangling")
     os.mkfifo(root / "fifo")
     with open(root / "big.bin", "wb") as f:  # sparse: costs no disk
-        f.truncate(wire.MAX_RANGE_BYTES + 4096)
+        f.truncate(protocol.MAX_RANGE_BYTES + 4096)
     return Tree(root, outside)
 
 
-def decode_snapshot(body: bytes, chunk: int = 4096) -> tuple[wire.SnapshotHeader, list[wire.Entry]]:
+def decode_snapshot(body: bytes,
+                    chunk: int = 4096) -> tuple[protocol.SnapshotHeader, list[protocol.Entry]]:
     """Decode a snapshot in small chunks, as a spoke would."""
-    decoder = wire.SnapshotDecoder()
-    entries: list[wire.Entry] = []
+    decoder = protocol.SnapshotDecoder()
+    entries: list[protocol.Entry] = []
     for i in range(0, len(body), chunk):
         entries.extend(decoder.feed(body[i : i + chunk]))
     return decoder.finish(), entries
 
 
-def paths_of(entries: list[wire.Entry]) -> dict[bytes, wire.Entry]:
+def paths_of(entries: list[protocol.Entry]) -> dict[bytes, protocol.Entry]:
     """Relative path (b"" for the root) -> entry, from a decoded snapshot."""
     dir_paths: dict[int, bytes] = {}
-    out: dict[bytes, wire.Entry] = {}
+    out: dict[bytes, protocol.Entry] = {}
     for e in entries:
         path = b"" if e.parent_id == 0 else os.path.join(dir_paths[e.parent_id], e.name)
         out[path] = e
@@ -210,17 +211,17 @@ def paths_of(entries: list[wire.Entry]) -> dict[bytes, wire.Entry]:
 
 
 def framed(data: bytes, file_id: int, version: int) -> bytes:
-    """The framed representation of a file version (wire.py, "Why a version 2"), built
+    """The framed representation of a file version (docs/protocol.md, "Why a version 2"), built
     independently of hubd's own code."""
     out = bytearray()
-    for index, pos in enumerate(range(0, len(data), wire.FRAME_DATA_BYTES)):
-        chunk = data[pos : pos + wire.FRAME_DATA_BYTES]
+    for index, pos in enumerate(range(0, len(data), protocol.FRAME_DATA_BYTES)):
+        chunk = data[pos : pos + protocol.FRAME_DATA_BYTES]
         out += chunk
-        out += xxhash.xxh3_64_intdigest(chunk, wire.frame_seed(file_id, version, index)).to_bytes(
-            8, "little")
+        seed = protocol.frame_seed(file_id, version, index)
+        out += xxhash.xxh3_64_intdigest(chunk, seed).to_bytes(8, "little")
     return bytes(out)
 
 
 def unframed(body: bytes) -> bytes:
     """The data of a framed body that starts on a frame boundary (sums not checked)."""
-    return b"".join(bytes(chunk) for chunk, _ in wire.frames(body))
+    return b"".join(bytes(chunk) for chunk, _ in protocol.split_frames(body))

@@ -10,13 +10,13 @@ from collections.abc import Awaitable, Callable
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from hubd import wire
 from hubd.app import make_app
 from hubd.config import HubConfig
 from hubd.export_root import ExportRoot
 from hubd.metrics import HubMetrics
 from hubd.range_reader import RangeReader
 from hubd.routes import READER
+from spokefs import protocol
 from tests.hubd.hubd_testlib import Tree, paths_of, unframed
 
 Check = Callable[[TestClient, ExportRoot], Awaitable[None]]
@@ -51,9 +51,9 @@ def test_a_bug_is_logged_and_answered_503_not_500(
     async def check(client: TestClient, export: ExportRoot) -> None:
         assert export.snapshot is not None
         plain = paths_of(list(export.snapshot.entries))[b"plain.txt"]
-        resp = await client.get(wire.blob_path(plain.file_id, plain.version))
+        resp = await client.get(protocol.blob_path(plain.file_id, plain.version))
         assert resp.status == 503 and resp.headers["Retry-After"] == "1"
-        assert resp.headers[wire.HEADER_ERROR] == "internal-error"
+        assert resp.headers[protocol.HEADER_ERROR] == "internal-error"
         assert json.loads(await resp.read())["error"] == "internal-error"
         assert client.app[READER].in_flight == 0
 
@@ -69,10 +69,10 @@ def test_no_free_read_slot_is_503_overloaded(tree: Tree) -> None:
         plain = paths_of(list(export.snapshot.entries))[b"plain.txt"]
         reader = client.app[READER]
         async with reader.slot():  # the only slot
-            resp = await client.get(wire.blob_path(plain.file_id, plain.version))
-            assert resp.status == 503 and resp.headers[wire.HEADER_ERROR] == "overloaded"
+            resp = await client.get(protocol.blob_path(plain.file_id, plain.version))
+            assert resp.status == 503 and resp.headers[protocol.HEADER_ERROR] == "overloaded"
             assert resp.headers["Retry-After"] == "1"
-        resp = await client.get(wire.blob_path(plain.file_id, plain.version))
+        resp = await client.get(protocol.blob_path(plain.file_id, plain.version))
         assert resp.status == 200 and unframed(await resp.read()) == b"hello world\n"
         assert reader.in_flight == 0
 

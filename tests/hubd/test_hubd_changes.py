@@ -17,36 +17,37 @@ from pathlib import Path
 
 import pytest
 
-from hubd import scan, wire
+from hubd import scan
 from hubd.changes import ChangeFeed
 from hubd.errors import BadGeneration, GenerationGone
 from hubd.export_root import ExportRoot
 from hubd.snapshot import Snapshot
+from spokefs import protocol
 from tests.hubd.hubd_testlib import ODD_NAMES, Tree
 
 Key = tuple[int, bytes]
-Namespace = dict[Key, wire.Entry]
+Namespace = dict[Key, protocol.Entry]
 
 
 def keyed(entries: object) -> Namespace:
     return {(e.parent_id, e.name): e for e in entries}  # type: ignore[attr-defined]
 
 
-def decode_changes(body: bytes, chunk: int = 5) -> tuple[wire.ChangesHeader,
-                                                          list[wire.Upsert | wire.Remove]]:
-    decoder = wire.ChangesDecoder()
-    records: list[wire.Upsert | wire.Remove] = []
+def decode_changes(body: bytes, chunk: int = 5) -> tuple[protocol.ChangesHeader,
+                                                          list[protocol.Upsert | protocol.Remove]]:
+    decoder = protocol.ChangesDecoder()
+    records: list[protocol.Upsert | protocol.Remove] = []
     for i in range(0, len(body), chunk):
         records.extend(decoder.feed(body[i : i + chunk]))
     return decoder.finish(), records
 
 
-def apply(namespace: Namespace, root_id: int, records: list[wire.Upsert | wire.Remove]
+def apply(namespace: Namespace, root_id: int, records: list[protocol.Upsert | protocol.Remove]
           ) -> Namespace:
     """The reference applier (see the module docstring); asserts the record contract."""
     ns = dict(namespace)
     for record in records:
-        if isinstance(record, wire.Remove):
+        if isinstance(record, protocol.Remove):
             assert (record.parent_id, record.name) in ns, record
             del ns[(record.parent_id, record.name)]
             continue
@@ -70,7 +71,8 @@ def changes_since(export: ExportRoot, since: int) -> bytes:
         feed.close()
 
 
-def assert_changes_lead_to(export: ExportRoot, old: Snapshot) -> list[wire.Upsert | wire.Remove]:
+def assert_changes_lead_to(export: ExportRoot,
+                           old: Snapshot) -> list[protocol.Upsert | protocol.Remove]:
     new = export.state.snapshot
     header, records = decode_changes(changes_since(export, old.generation))
     assert (header.from_generation, header.to_generation) == (old.generation, new.generation)
@@ -126,10 +128,10 @@ def test_every_kind_of_change_is_replayed_exactly(tree: Tree, export: ExportRoot
     records = assert_changes_lead_to(export, first)
     old = keyed(first.entries)
     ids = {e.name: e.file_id for e in old.values()}
-    removes = [(r.parent_id, r.name) for r in records if isinstance(r, wire.Remove)]
-    upserts = [r.entry for r in records if isinstance(r, wire.Upsert)]
+    removes = [(r.parent_id, r.name) for r in records if isinstance(r, protocol.Remove)]
+    upserts = [r.entry for r in records if isinstance(r, protocol.Upsert)]
     # REMOVEs come first, a removed directory's children before it.
-    assert all(isinstance(r, wire.Remove) for r in records[: len(removes)])
+    assert all(isinstance(r, protocol.Remove) for r in records[: len(removes)])
     assert removes.index((ids[b"dir\xff\n"], b"inner")) < removes.index(
         (first.root_id, b"dir\xff\n"))
     # The moved directory: one REMOVE and one UPSERT, its contents not listed.
@@ -259,8 +261,8 @@ def test_a_reused_inode_of_another_type_is_removed_first(
     export.rescan()
     records = assert_changes_lead_to(export, first)
     mine = [r for r in records if getattr(r, "name", None) == b"empty"
-            or (isinstance(r, wire.Upsert) and r.entry.name == b"empty")]
-    assert [type(r) for r in mine] == [wire.Remove, wire.Upsert]
+            or (isinstance(r, protocol.Upsert) and r.entry.name == b"empty")]
+    assert [type(r) for r in mine] == [protocol.Remove, protocol.Upsert]
     assert mine[1].entry.file_id == old_id and mine[1].entry.is_dir  # type: ignore[union-attr]
     export.close()
 
@@ -290,26 +292,27 @@ def test_lookups_and_paths_in_the_compact_table(tree: Tree, export: ExportRoot) 
 
 
 ROOT = 0x1234
-DIR = wire.Entry(0x2000, ROOT, stat.S_IFDIR | 0o755, 4096, 5, 2, 7, b"d")
-FILE = wire.Entry(0x3000, 0x2000, stat.S_IFREG | 0o644, 10, 5, 1, 8, b"f\xff")
-LINK = wire.Entry(0x4000, ROOT, stat.S_IFLNK | 0o777, 3, 5, 1, 9, b"l", b"a/b")
-ROOT_ENTRY = wire.Entry(ROOT, 0, stat.S_IFDIR | 0o755, 4096, 5, 3, 1, b"")
+DIR = protocol.Entry(0x2000, ROOT, stat.S_IFDIR | 0o755, 4096, 5, 2, 7, b"d")
+FILE = protocol.Entry(0x3000, 0x2000, stat.S_IFREG | 0o644, 10, 5, 1, 8, b"f\xff")
+LINK = protocol.Entry(0x4000, ROOT, stat.S_IFLNK | 0o777, 3, 5, 1, 9, b"l", b"a/b")
+ROOT_ENTRY = protocol.Entry(ROOT, 0, stat.S_IFDIR | 0o755, 4096, 5, 3, 1, b"")
 
 
 def encoded(records: list[bytes], since: int = 1, to: int = 2, count: int | None = None,
             root: int = ROOT) -> bytes:
-    return wire.encode_changes(since, to, root, records,
+    return protocol.encode_changes(since, to, root, records,
                                len(records) if count is None else count)
 
 
 def test_changes_round_trip() -> None:
-    records = [wire.encode_remove(ROOT, b"old"), wire.encode_upsert(ROOT_ENTRY),
-               wire.encode_upsert(DIR), wire.encode_upsert(FILE), wire.encode_upsert(LINK)]
+    records = [protocol.encode_remove(ROOT, b"old"), protocol.encode_upsert(ROOT_ENTRY),
+               protocol.encode_upsert(DIR), protocol.encode_upsert(FILE),
+               protocol.encode_upsert(LINK)]
     header, got = decode_changes(encoded(records), chunk=3)
-    assert header == wire.ChangesHeader(1, 2, ROOT, 5)
-    assert got == [wire.Remove(ROOT, b"old"), wire.Upsert(ROOT_ENTRY), wire.Upsert(DIR),
-                   wire.Upsert(FILE), wire.Upsert(LINK)]
-    assert decode_changes(encoded([], 5, 5)) == (wire.ChangesHeader(5, 5, ROOT, 0), [])
+    assert header == protocol.ChangesHeader(1, 2, ROOT, 5)
+    assert got == [protocol.Remove(ROOT, b"old"), protocol.Upsert(ROOT_ENTRY), protocol.Upsert(DIR),
+                   protocol.Upsert(FILE), protocol.Upsert(LINK)]
+    assert decode_changes(encoded([], 5, 5)) == (protocol.ChangesHeader(5, 5, ROOT, 0), [])
 
 
 def _raw(plain: bytes) -> bytes:
@@ -318,41 +321,42 @@ def _raw(plain: bytes) -> bytes:
 
 @pytest.mark.parametrize("body", [
     pytest.param(encoded([], 3, 2), id="from-after-to"),
-    pytest.param(encoded([wire.encode_remove(ROOT, b"x")], 2, 2), id="records-at-same-gen"),
+    pytest.param(encoded([protocol.encode_remove(ROOT, b"x")], 2, 2), id="records-at-same-gen"),
     pytest.param(encoded([], root=1), id="root-below-min"),
     pytest.param(encoded([b"\x03" + bytes(20)]), id="unknown-type"),
-    pytest.param(encoded([wire.encode_remove(ROOT, b"a/b")]), id="slash"),
-    pytest.param(encoded([wire.encode_remove(ROOT, b"a\0")]), id="nul"),
-    pytest.param(encoded([wire.encode_remove(ROOT, b"..")]), id="dotdot"),
-    pytest.param(encoded([wire.encode_remove(ROOT, b".")]), id="dot"),
-    pytest.param(encoded([wire.encode_remove(ROOT, b"")]), id="empty-name"),
-    pytest.param(encoded([wire.encode_remove(1, b"x")]), id="remove-parent-below-min"),
-    pytest.param(encoded([wire.encode_remove(ROOT, b"x" * 256)]), id="long-name"),
-    pytest.param(encoded([wire.encode_upsert(wire.Entry(1, ROOT, stat.S_IFREG, 0, 0, 1, 1,
+    pytest.param(encoded([protocol.encode_remove(ROOT, b"a/b")]), id="slash"),
+    pytest.param(encoded([protocol.encode_remove(ROOT, b"a\0")]), id="nul"),
+    pytest.param(encoded([protocol.encode_remove(ROOT, b"..")]), id="dotdot"),
+    pytest.param(encoded([protocol.encode_remove(ROOT, b".")]), id="dot"),
+    pytest.param(encoded([protocol.encode_remove(ROOT, b"")]), id="empty-name"),
+    pytest.param(encoded([protocol.encode_remove(1, b"x")]), id="remove-parent-below-min"),
+    pytest.param(encoded([protocol.encode_remove(ROOT, b"x" * 256)]), id="long-name"),
+    pytest.param(encoded([protocol.encode_upsert(protocol.Entry(1, ROOT, stat.S_IFREG, 0, 0, 1, 1,
                                                         b"x"))]), id="id-below-min"),
-    pytest.param(encoded([wire.encode_upsert(wire.Entry(9, 0, stat.S_IFREG, 0, 0, 1, 1,
+    pytest.param(encoded([protocol.encode_upsert(protocol.Entry(9, 0, stat.S_IFREG, 0, 0, 1, 1,
                                                         b"x"))]), id="parent-zero"),
-    pytest.param(encoded([wire.encode_upsert(wire.Entry(ROOT, 0x2000, stat.S_IFDIR, 0, 0, 1,
+    pytest.param(encoded([protocol.encode_upsert(protocol.Entry(ROOT, 0x2000, stat.S_IFDIR, 0, 0, 1,
                                                         1, b"x"))]), id="root-elsewhere"),
-    pytest.param(encoded([wire.encode_upsert(wire.Entry(ROOT, 0, stat.S_IFREG, 0, 0, 1, 1,
+    pytest.param(encoded([protocol.encode_upsert(protocol.Entry(ROOT, 0, stat.S_IFREG, 0, 0, 1, 1,
                                                         b""))]), id="root-not-a-dir"),
-    pytest.param(encoded([wire.encode_upsert(wire.Entry(9, ROOT, stat.S_IFIFO, 0, 0, 1, 1,
+    pytest.param(encoded([protocol.encode_upsert(protocol.Entry(9, ROOT, stat.S_IFIFO, 0, 0, 1, 1,
                                                         b"x"))]), id="fifo"),
-    pytest.param(encoded([wire.encode_upsert(wire.Entry(9, ROOT, stat.S_IFREG, 0, 0, 1, 1,
+    pytest.param(encoded([protocol.encode_upsert(protocol.Entry(9, ROOT, stat.S_IFREG, 0, 0, 1, 1,
                                                         b"x", b"t"))]), id="target-on-file"),
-    pytest.param(encoded([wire.encode_upsert(wire.Entry(9, ROOT, stat.S_IFREG, 2**63, 0, 1, 1,
-                                                        b"x"))]), id="absurd-size"),
-    pytest.param(encoded([wire.encode_upsert(FILE)], count=2), id="count-too-high"),
-    pytest.param(encoded([wire.encode_upsert(FILE)], count=0), id="count-too-low"),
-    pytest.param(encoded([wire.encode_upsert(FILE)])[:-6], id="truncated"),
-    pytest.param(encoded([wire.encode_upsert(FILE)]) + b"x", id="trailing-garbage"),
+    pytest.param(encoded([protocol.encode_upsert(protocol.Entry(9, ROOT, stat.S_IFREG, 2**63, 0,
+                                                                1, 1, b"x"))]),
+                 id="absurd-size"),
+    pytest.param(encoded([protocol.encode_upsert(FILE)], count=2), id="count-too-high"),
+    pytest.param(encoded([protocol.encode_upsert(FILE)], count=0), id="count-too-low"),
+    pytest.param(encoded([protocol.encode_upsert(FILE)])[:-6], id="truncated"),
+    pytest.param(encoded([protocol.encode_upsert(FILE)]) + b"x", id="trailing-garbage"),
     pytest.param(_raw(b"SPKS" + bytes(40)), id="snapshot-magic"),
     pytest.param(_raw(b"SPKC\x02\x00" + bytes(40)), id="version-2"),
     pytest.param(_raw(zlib.decompress(encoded([]))[:-12] + b"SPKX" + bytes(8)), id="bad-trailer"),
     pytest.param(b"", id="empty"),
 ])
 def test_changes_decoder_rejects(body: bytes) -> None:
-    with pytest.raises(wire.WireError):
+    with pytest.raises(protocol.WireError):
         decode_changes(body, chunk=7)
 
 

@@ -25,11 +25,11 @@ from collections.abc import Callable
 
 import pytest
 
-from hubd import wire
 from hubd.accept_errors import ACCEPT_OUT_OF_RESOURCE, AcceptErrorHandler
 from hubd.fd_limit import FD_RESERVE, MIN_CONNECTIONS, connection_cap
 from hubd.log_rate import LogEvery
 from hubd.metrics import HubMetrics
+from spokefs import protocol
 from tests.hubd.hubd_testlib import DATA, Hub, Tree, decode_snapshot, framed, paths_of
 
 StartHub = Callable[..., Hub]
@@ -130,7 +130,7 @@ def test_no_raise_no_line_when_soft_is_hard(tree: Tree, start_hub: StartHub) -> 
     hub = start_hub(tree.root, preexec_fn=_limit_nofile(LOW_LIMIT, LOW_LIMIT))
     assert _nofile_of(hub.proc.pid) == (LOW_LIMIT, LOW_LIMIT)
     assert "file descriptor limit raised" not in hub.stderr()
-    assert hub.request(wire.HEALTH_PATH).status == 200
+    assert hub.request(protocol.HEALTH_PATH).status == 200
 
 
 def test_descriptor_exhaustion_refuses_quietly_and_hubd_keeps_serving(
@@ -141,7 +141,7 @@ def test_descriptor_exhaustion_refuses_quietly_and_hubd_keeps_serving(
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, FLOOD_CLIENTS + 100), hard))
     try:
         hub = start_hub(tree.root, preexec_fn=_limit_nofile(LOW_LIMIT, LOW_LIMIT))
-        paths = paths_of(decode_snapshot(hub.request(wire.SNAPSHOT_PATH).body)[1])
+        paths = paths_of(decode_snapshot(hub.request(protocol.SNAPSHOT_PATH).body)[1])
         data = paths[b"sub/deeper/data.bin"]
         want = framed(DATA, data.file_id, data.version)[100:4300]
         port = int(hub.url.rsplit(":", 1)[1])
@@ -155,8 +155,9 @@ def test_descriptor_exhaustion_refuses_quietly_and_hubd_keeps_serving(
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
     health = _healthz_within(hub, 5.0)
-    ranged = hub.request(wire.blob_path(data.file_id, data.version), {"Range": "bytes=100-4299"})
-    metrics = hub.request(wire.METRICS_PATH).body.decode()
+    ranged = hub.request(protocol.blob_path(data.file_id, data.version),
+                         {"Range": "bytes=100-4299"})
+    metrics = hub.request(protocol.METRICS_PATH).body.decode()
     refused = _metric(metrics, "hubd_connections_refused_total")
     accept_failures = _metric(metrics, "hubd_accept_failures_total")
     assert hub.proc.poll() is None
@@ -184,8 +185,8 @@ class ReadersDuringFlood:
     over and over until the ``with`` block ends; ``statuses`` counts their answers (a
     wrong body or a failed request counts as its error's name)."""
 
-    def __init__(self, hub: Hub, entry: wire.Entry, want: bytes) -> None:
-        self._path = wire.blob_path(entry.file_id, entry.version)
+    def __init__(self, hub: Hub, entry: protocol.Entry, want: bytes) -> None:
+        self._path = protocol.blob_path(entry.file_id, entry.version)
         self._want = want
         self._hubs = [Hub(hub.proc, hub.url, hub.ready_line, hub.stderr_path)
                       for _ in range(READERS)]
@@ -196,7 +197,7 @@ class ReadersDuringFlood:
 
     def __enter__(self) -> ReadersDuringFlood:
         for one in self._hubs:  # connected (and counted by hubd) before the flood
-            assert one.request(wire.HEALTH_PATH).status == 200
+            assert one.request(protocol.HEALTH_PATH).status == 200
         for thread in self._threads:
             thread.start()
         return self
@@ -227,7 +228,7 @@ def _healthz_within(hub: Hub, seconds: float) -> int:
     deadline = time.monotonic() + seconds
     while True:
         try:
-            return hub.request(wire.HEALTH_PATH).status
+            return hub.request(protocol.HEALTH_PATH).status
         except OSError:
             hub.close_conn()
             if time.monotonic() > deadline:

@@ -28,7 +28,7 @@ from urllib.parse import unquote
 import pytest
 import xxhash
 
-from hubd import wire
+from spokefs import protocol
 from tests.hubd.hubd_testlib import (
     DATA,
     Hub,
@@ -124,16 +124,16 @@ class Target:
 
     hub: Hub
     port: int
-    entries: dict[bytes, wire.Entry]
+    entries: dict[bytes, protocol.Entry]
     rss_start: int
 
     @property
-    def data(self) -> wire.Entry:
+    def data(self) -> protocol.Entry:
         return self.entries[b"sub/deeper/data.bin"]
 
     def assert_healthy(self) -> None:
         assert self.hub.proc.poll() is None, f"hubd died:\n{self.hub.stderr()}"
-        assert exchange(self.port, request("GET", wire.HEALTH_PATH)).status == 200
+        assert exchange(self.port, request("GET", protocol.HEALTH_PATH)).status == 200
         err = self.hub.stderr()
         assert "Traceback" not in err and " ERROR " not in err, err[-4000:]
         grown = rss_bytes(self.hub.proc.pid) - self.rss_start
@@ -146,9 +146,9 @@ def _start(tree: Tree, tmp: Path, name: str, *args: str) -> Iterator[Target]:
     try:
         port = int(hub.url.rsplit(":", 1)[1])
         auth = {"Authorization": f"Bearer {TOKEN}"} if args else {}
-        entries = paths_of(decode_snapshot(hub.request(wire.SNAPSHOT_PATH, auth).body)[1])
+        entries = paths_of(decode_snapshot(hub.request(protocol.SNAPSHOT_PATH, auth).body)[1])
         for _ in range(20):  # warm up: first requests import and allocate for good
-            exchange(port, request("GET", wire.blob_path(2, 2), auth))
+            exchange(port, request("GET", protocol.blob_path(2, 2), auth))
         hub.close_conn()
         yield Target(hub, port, entries, rss_bytes(hub.proc.pid))
     finally:
@@ -236,7 +236,7 @@ def hostile_range(rng: random.Random, size: int) -> str:
 
 def make_range(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]:
     entry = target.data
-    path = wire.blob_path(entry.file_id, entry.version)
+    path = protocol.blob_path(entry.file_id, entry.version)
     want = framed(DATA, entry.file_id, entry.version)
 
     def check(reply: Reply, where: str) -> None:
@@ -261,22 +261,22 @@ def make_range(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]
 def hostile_id(rng: random.Random, good: int) -> str:
     kind = rng.randrange(8)
     if kind == 0:
-        return wire.format_id(rng.getrandbits(64))  # well formed, unknown
+        return protocol.format_id(rng.getrandbits(64))  # well formed, unknown
     if kind == 1:
-        return wire.format_id(good)
+        return protocol.format_id(good)
     if kind == 2:
-        return wire.format_id(good).upper()
+        return protocol.format_id(good).upper()
     if kind == 3:
-        return wire.format_id(good)[: rng.choice([0, 1, 15])] + rng.choice(["", "0", "00"])
+        return protocol.format_id(good)[: rng.choice([0, 1, 15])] + rng.choice(["", "0", "00"])
     if kind == 4:
         return "".join(rng.choice("0123456789abcdefgxyzGHXZ-+_. ~") for _ in range(16))
     if kind == 5:
-        return rng.choice(["0x" + wire.format_id(good)[2:], "-000000000000001", "%00" * 16,
+        return rng.choice(["0x" + protocol.format_id(good)[2:], "-000000000000001", "%00" * 16,
                            "%30" * 16, "%2e%2e", "%ff%fe", "%c3%a9" * 8, "%2f" * 16,
                            "0" * 10000, "ffffffffffffffff", "0000000000000000", "1" * 17])
     if kind == 6:
-        return wire.format_id(good) + rng.choice(["%00", "/", "%2f", "?x=1", "#", ";x", "/.."])
-    return wire.format_id(rng.choice([0, 1, 2**64 - 1, good + 1]))
+        return protocol.format_id(good) + rng.choice(["%00", "/", "%2f", "?x=1", "#", ";x", "/.."])
+    return protocol.format_id(rng.choice([0, 1, 2**64 - 1, good + 1]))
 
 
 def make_ids(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]:
@@ -305,7 +305,7 @@ SEGMENTS = ["..", "%2e%2e", "%2E%2E", ".%2e", ".", "%2e", "", "etc", "passwd", "
 
 def make_paths(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]:
     entry = target.data
-    blob = wire.blob_path(entry.file_id, entry.version)
+    blob = protocol.blob_path(entry.file_id, entry.version)
     prefixes = ["", "/", "/v1", "/v2", "/v2/blob", "/v2/pack", blob, "/v2/snapshot",
                 "/v2/changes", "/v1/blob", "//", "/./"]
 
@@ -340,14 +340,14 @@ def make_oversized(target: Target) -> Callable[[random.Random], tuple[bytes, Che
         if kind == 0:  # a long request target
             raw = request("GET", "/v1/" + "x" * n)
         elif kind == 1:  # a long header value
-            raw = request("GET", wire.SNAPSHOT_PATH, {"X-Big": "v" * n})
+            raw = request("GET", protocol.SNAPSHOT_PATH, {"X-Big": "v" * n})
         elif kind == 2:  # a long header name
-            raw = request("GET", wire.SNAPSHOT_PATH, {"X" * n: "v"})
+            raw = request("GET", protocol.SNAPSHOT_PATH, {"X" * n: "v"})
         elif kind == 3:  # too many headers (aiohttp allows 128)
-            raw = request("GET", wire.SNAPSHOT_PATH,
+            raw = request("GET", protocol.SNAPSHOT_PATH,
                           {f"X-H{i}": "v" for i in range(rng.randrange(129, 2000))})
         else:  # a long Range header
-            raw = request("GET", wire.blob_path(2, 2), {"Range": "bytes=" + "0" * n + "-1"})
+            raw = request("GET", protocol.blob_path(2, 2), {"Range": "bytes=" + "0" * n + "-1"})
         return raw, status_in(400, 413, 414, 431)
 
     return make
@@ -368,7 +368,8 @@ def make_http(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]:
     def make(rng: random.Random) -> tuple[bytes, Check]:
         kind = rng.randrange(4)
         if kind == 0:  # bad request lines
-            line = (f"{rng.choice(METHODS)} {rng.choice(['/healthz', wire.SNAPSHOT_PATH, '/'])} "
+            path = rng.choice(["/healthz", protocol.SNAPSHOT_PATH, "/"])
+            line = (f"{rng.choice(METHODS)} {path} "
                     f"{rng.choice(VERSIONS)}").encode("latin-1")
             raw = line + b"\r\nHost: hub\r\nConnection: close\r\n\r\n"
         elif kind == 1:  # bad header lines
@@ -396,7 +397,7 @@ def make_http(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]:
 def make_pack(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]:
     entries = list(target.entries.values())
     dirs = [e for e in entries if e.is_dir]
-    plans = {p.path: p for d in dirs for p in wire.plan_packs(
+    plans = {p.path: p for d in dirs for p in protocol.plan_packs(
         d.file_id, [(e.name, e.file_id, e.version, e.size) for e in entries
                     if e.parent_id == d.file_id and not e.is_dir and not e.is_symlink])}
     by_key = {(e.file_id, e.version): e for e in entries}
@@ -412,13 +413,13 @@ def make_pack(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]:
         elif kind == 1:  # hostile dir ids
             path = f"/v2/pack/{hostile_id(rng, plan.dir_id)}/{plan.index}/{plan.digest}"
         else:
-            path = f"/v2/pack/{wire.format_id(plan.dir_id)}/{index}/{digest}"
+            path = f"/v2/pack/{protocol.format_id(plan.dir_id)}/{index}/{digest}"
 
         def check(reply: Reply, where: str) -> None:
             assert reply.status in (200, 400, 404, 412), where
             if reply.status == 200:
                 good = plans[unquote(path)]  # %30 is "0" to the hub
-                answer = wire.decode_pack(reply.body, good.items)
+                answer = protocol.decode_pack(reply.body, good.items)
                 for key, rec in answer.items():
                     assert rec is not None, where
                     assert rec[1] == xxhash.xxh3_64_intdigest(rec[0]), where
@@ -431,9 +432,9 @@ def make_pack(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]:
 
 def make_auth(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]:
     entry = target.data
-    pack = f"/v2/pack/{wire.format_id(entry.parent_id)}/0/{'0' * 16}"
-    paths = [wire.SNAPSHOT_PATH, wire.blob_path(entry.file_id, entry.version), pack,
-             f"{wire.CHANGES_PATH}?since=0", "/no/such/route", "/v2/blob/x/y", "/v1/blob/x/y"]
+    pack = f"/v2/pack/{protocol.format_id(entry.parent_id)}/0/{'0' * 16}"
+    paths = [protocol.SNAPSHOT_PATH, protocol.blob_path(entry.file_id, entry.version), pack,
+             f"{protocol.CHANGES_PATH}?since=0", "/no/such/route", "/v2/blob/x/y", "/v1/blob/x/y"]
 
     def make(rng: random.Random) -> tuple[bytes, Check]:
         kind = rng.randrange(8)
@@ -452,7 +453,7 @@ def make_auth(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]:
                 return
             assert TOKEN.encode() not in reply.raw, where
             if reply.status == 400 and kind == 7:  # a byte aiohttp's parser refuses
-                assert wire.HEADER_ERROR.lower() not in reply.headers, where
+                assert protocol.HEADER_ERROR.lower() not in reply.headers, where
                 return
             assert reply.status == 401, where
 
@@ -501,8 +502,8 @@ def _dribble(port: int, prefix: bytes, slow: bytes, closed: list[float],
 def test_slow_clients_are_cut_off(target: Target) -> None:
     """Headers (and a pack body) sent one byte per 100 ms: hubd closes each connection
     within the idle timeout (plus slack), and keeps answering everyone else meanwhile."""
-    header = request("GET", wire.SNAPSHOT_PATH, {"X-Pad": "p" * 200})
-    pack = request("POST", wire.PACK_PATH, {"Content-Type": "application/octet-stream"},
+    header = request("GET", protocol.SNAPSHOT_PATH, {"X-Pad": "p" * 200})
+    pack = request("POST", protocol.PACK_PATH, {"Content-Type": "application/octet-stream"},
                    bytes(16 * 64))
     head_len = pack.index(b"\r\n\r\n") + 4
     closed: list[float] = []
@@ -515,7 +516,8 @@ def test_slow_clients_are_cut_off(target: Target) -> None:
         t.start()
     time.sleep(0.5)
     for _ in range(5):  # the hub serves others while the slow clients hang on
-        assert exchange(target.port, request("GET", wire.HEALTH_PATH), timeout_s=2).status == 200
+        health = request("GET", protocol.HEALTH_PATH)
+        assert exchange(target.port, health, timeout_s=2).status == 200
     for t in threads:
         t.join(timeout=30)
     assert not errors, errors

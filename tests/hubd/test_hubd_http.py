@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from hubd import wire
+from spokefs import protocol
 from tests.hubd.hubd_testlib import (
     DATA,
     ODD_NAMES,
@@ -33,21 +33,22 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Hub, Tree
     tree = build_tree(tmp_path_factory.mktemp("tree"))
     hub = start_hub_process(tree.root, tree.root.parent / "hubd.err")
     try:
-        answer = hub.request(wire.SNAPSHOT_PATH)
+        answer = hub.request(protocol.SNAPSHOT_PATH)
         yield hub, tree, paths_of(decode_snapshot(answer.body)[1])
     finally:
         assert hub.stop() == 0, hub.stderr()
 
 
-def blob(hub: Hub, entry: wire.Entry, rng: str | None = None, version: int | None = None) -> Answer:
+def blob(hub: Hub, entry: protocol.Entry, rng: str | None = None,
+         version: int | None = None) -> Answer:
     headers = {"Range": rng} if rng is not None else {}
-    return hub.request(wire.blob_path(entry.file_id, entry.version if version is None
+    return hub.request(protocol.blob_path(entry.file_id, entry.version if version is None
                                       else version), headers)
 
 
 def assert_error(answer: Answer, status: int, reason: str) -> None:
     assert answer.status == status, answer
-    assert answer.header(wire.HEADER_ERROR) == reason
+    assert answer.header(protocol.HEADER_ERROR) == reason
     assert answer.header("Content-Type").startswith("application/json")
     body = json.loads(answer.body)
     assert body["error"] == reason and body["detail"] and "\n" not in body["detail"]
@@ -55,11 +56,11 @@ def assert_error(answer: Answer, status: int, reason: str) -> None:
 
 def test_readiness_line_and_snapshot(served: tuple[Hub, Tree, dict]) -> None:
     hub, tree, _ = served
-    answer = hub.request(wire.SNAPSHOT_PATH)
+    answer = hub.request(protocol.SNAPSHOT_PATH)
     assert answer.status == 200
-    assert answer.header("Content-Type") == wire.SNAPSHOT_MEDIA_TYPE
+    assert answer.header("Content-Type") == protocol.SNAPSHOT_MEDIA_TYPE
     header, entries = decode_snapshot(answer.body, chunk=7)  # awkward chunking on purpose
-    assert answer.header(wire.HEADER_GENERATION) == str(header.generation)
+    assert answer.header(protocol.HEADER_GENERATION) == str(header.generation)
     assert hub.ready_line == (f"hubd: serving {tree.root} at {hub.url} "
                               f"({len(entries)} entries, generation {header.generation})")
     paths = paths_of(entries)
@@ -75,18 +76,18 @@ def test_range_reads(served: tuple[Hub, Tree, dict]) -> None:
     data = paths[b"sub/deeper/data.bin"]
     want = framed(DATA, data.file_id, data.version)
     total = len(want)
-    assert total == wire.framed_size(len(DATA))
+    assert total == protocol.framed_size(len(DATA))
     for rng, start, stop in [("bytes=0-9", 0, 10), ("bytes=100000-", 100000, total),
                              ("bytes=-300", total - 300, total),
                              ("bytes=5-999999999", 5, total),
-                             (f"bytes={wire.FRAME_BYTES - 3}-{wire.FRAME_BYTES + 9}",
-                              wire.FRAME_BYTES - 3, wire.FRAME_BYTES + 10)]:
+                             (f"bytes={protocol.FRAME_BYTES - 3}-{protocol.FRAME_BYTES + 9}",
+                              protocol.FRAME_BYTES - 3, protocol.FRAME_BYTES + 10)]:
         answer = blob(hub, data, rng)
         assert answer.status == 206, answer
         assert answer.body == want[start:stop]
         assert answer.header("Content-Range") == f"bytes {start}-{stop - 1}/{total}"
         assert answer.header("Content-Length") == str(stop - start)
-        assert answer.header("ETag") == wire.etag(data.file_id, data.version)
+        assert answer.header("ETag") == protocol.etag(data.file_id, data.version)
         assert answer.header("Cache-Control") == CACHE_CONTROL
         assert answer.header("Accept-Ranges") == "bytes"
         assert answer.header("X-Spokefs-XXH3") is None  # v1's per-answer sum is gone
@@ -104,9 +105,9 @@ def test_whole_files_without_range_whatever_their_size(served: tuple[Hub, Tree, 
     empty = blob(hub, paths[b"empty"])
     assert (empty.status, empty.body) == (200, b"")
     big = paths[b"big.bin"]  # over MAX_RANGE_BYTES: streamed a slice at a time
-    assert big.size > wire.MAX_RANGE_BYTES
+    assert big.size > protocol.MAX_RANGE_BYTES
     whole = blob(hub, big)
-    assert whole.status == 200 and len(whole.body) == wire.framed_size(big.size)
+    assert whole.status == 200 and len(whole.body) == protocol.framed_size(big.size)
     assert whole.body == framed(bytes(big.size), big.file_id, big.version)
 
 
@@ -116,9 +117,10 @@ def test_a_range_longer_than_max_range_bytes_is_served(served: tuple[Hub, Tree, 
     hub, _, paths = served
     big = paths[b"big.bin"]
     want = framed(bytes(big.size), big.file_id, big.version)
-    for rng, start, stop in [(f"bytes=0-{wire.MAX_RANGE_BYTES}", 0, wire.MAX_RANGE_BYTES + 1),
-                             (f"bytes=-{wire.MAX_RANGE_BYTES + 1}",
-                              len(want) - wire.MAX_RANGE_BYTES - 1, len(want))]:
+    most = protocol.MAX_RANGE_BYTES
+    for rng, start, stop in [(f"bytes=0-{most}", 0, most + 1),
+                             (f"bytes=-{protocol.MAX_RANGE_BYTES + 1}",
+                              len(want) - protocol.MAX_RANGE_BYTES - 1, len(want))]:
         answer = blob(hub, big, rng)
         assert answer.status == 206, answer.status
         assert answer.header("Content-Range") == f"bytes {start}-{stop - 1}/{len(want)}"
@@ -128,7 +130,7 @@ def test_a_range_longer_than_max_range_bytes_is_served(served: tuple[Hub, Tree, 
 def test_unsatisfiable_ranges(served: tuple[Hub, Tree, dict]) -> None:
     hub, _, paths = served
     data, empty = paths[b"sub/deeper/data.bin"], paths[b"empty"]
-    total = wire.framed_size(len(DATA))
+    total = protocol.framed_size(len(DATA))
     for entry, rng, reason in [
         (data, f"bytes={total}-", "range-not-satisfiable"),
         (data, "bytes=-0", "range-not-satisfiable"),
@@ -138,7 +140,7 @@ def test_unsatisfiable_ranges(served: tuple[Hub, Tree, dict]) -> None:
         answer = blob(hub, entry, rng)
         assert_error(answer, 416, reason)
         if reason != "multiple-ranges":
-            assert answer.header("Content-Range") == f"bytes */{wire.framed_size(entry.size)}"
+            assert answer.header("Content-Range") == f"bytes */{protocol.framed_size(entry.size)}"
 
 
 def test_bad_requests(served: tuple[Hub, Tree, dict]) -> None:
@@ -147,17 +149,17 @@ def test_bad_requests(served: tuple[Hub, Tree, dict]) -> None:
     for rng in ["bytes=9-1", "bytes=a-b", "pages=0-1", "bytes=-", "bytes=0-" + "9" * 30,
                 "bytes=-5-6"]:
         assert_error(blob(hub, data, rng), 400, "bad-range")
-    good = wire.format_id(data.version)
+    good = protocol.format_id(data.version)
     for fid in ["0123", "ABCDEF0123456789", "zzzzzzzzzzzzzzzz", "0" * 17]:
         assert_error(hub.request(f"/v2/blob/{fid}/{good}"), 400, "bad-id")
-    assert_error(hub.request(f"/v2/blob/{wire.format_id(data.file_id)}/xyz"), 400, "bad-id")
+    assert_error(hub.request(f"/v2/blob/{protocol.format_id(data.file_id)}/xyz"), 400, "bad-id")
 
 
 def test_old_protocol_routes_answer_a_version_error(served: tuple[Hub, Tree, dict]) -> None:
     """A spoke of protocol v1 gets one clear reason, never bytes it would misread."""
     hub, _, paths = served
     data = paths[b"sub/deeper/data.bin"]
-    fid, ver = wire.format_id(data.file_id), wire.format_id(data.version)
+    fid, ver = protocol.format_id(data.file_id), protocol.format_id(data.version)
     for path, method in [("/v1/snapshot", "GET"), ("/v1/changes?since=1", "GET"),
                          (f"/v1/blob/{fid}/{ver}", "GET"), ("/v1/pack", "POST")]:
         answer = hub.request(path, method=method)
@@ -168,7 +170,7 @@ def test_old_protocol_routes_answer_a_version_error(served: tuple[Hub, Tree, dic
 def test_unknown_and_stale(served: tuple[Hub, Tree, dict]) -> None:
     hub, _, paths = served
     data = paths[b"sub/deeper/data.bin"]
-    assert_error(hub.request(wire.blob_path(123456789, data.version)), 404, "unknown-file")
+    assert_error(hub.request(protocol.blob_path(123456789, data.version)), 404, "unknown-file")
     for not_a_file in (b"", b"sub", b"link_in"):
         assert_error(blob(hub, paths[not_a_file], "bytes=0-1"), 404, "unknown-file")
     assert_error(blob(hub, data, "bytes=0-1", version=data.version ^ 1), 412, "stale-version")
@@ -176,13 +178,13 @@ def test_unknown_and_stale(served: tuple[Hub, Tree, dict]) -> None:
 
 def test_other_routes(served: tuple[Hub, Tree, dict]) -> None:
     hub, _, _ = served
-    health = hub.request(wire.HEALTH_PATH)
+    health = hub.request(protocol.HEALTH_PATH)
     assert (health.status, health.body) == (200, b"ok")
-    assert hub.request(wire.HEALTH_PATH, method="HEAD").status == 200
+    assert hub.request(protocol.HEALTH_PATH, method="HEAD").status == 200
     assert_error(hub.request("/v2/nothing"), 404, "not-found")
-    assert_error(hub.request(wire.SNAPSHOT_PATH, method="POST"), 405, "method-not-allowed")
-    assert_error(hub.request(wire.blob_path(1, 1), method="DELETE"), 405, "method-not-allowed")
-    metrics = hub.request(wire.METRICS_PATH)
+    assert_error(hub.request(protocol.SNAPSHOT_PATH, method="POST"), 405, "method-not-allowed")
+    assert_error(hub.request(protocol.blob_path(1, 1), method="DELETE"), 405, "method-not-allowed")
+    metrics = hub.request(protocol.METRICS_PATH)
     assert metrics.status == 200
     text = metrics.body.decode()
     for needle in ['hubd_requests_total{route="/v2/snapshot",status="200"}',

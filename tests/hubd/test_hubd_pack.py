@@ -1,5 +1,5 @@
 """GET /v2/pack in-process (aiohttp's test client): deterministic packs of a directory,
-gone members, stale and unknown packs, auth; and ``wire.plan_packs`` itself."""
+gone members, stale and unknown packs, auth; and ``protocol.plan_packs`` itself."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ import xxhash
 from aiohttp import ClientResponse
 from aiohttp.test_utils import TestClient, TestServer
 
-from hubd import wire
 from hubd.app import make_app
 from hubd.config import HubConfig
 from hubd.export_root import ExportRoot
 from hubd.metrics import HubMetrics
+from spokefs import protocol
 from tests.hubd.hubd_testlib import DATA, Tree, paths_of
 
-Check = Callable[[TestClient, dict[bytes, wire.Entry], list[wire.Entry]], Awaitable[None]]
+Check = Callable[[TestClient, dict[bytes, protocol.Entry], list[protocol.Entry]], Awaitable[None]]
 
 
 def run_pack(tree: Tree, check: Check, token: bytes | None = None) -> None:
@@ -40,19 +40,19 @@ def run_pack(tree: Tree, check: Check, token: bytes | None = None) -> None:
         export.close()
 
 
-def plans_of(entries: list[wire.Entry], dir_id: int) -> list[wire.PackPlan]:
+def plans_of(entries: list[protocol.Entry], dir_id: int) -> list[protocol.PackPlan]:
     """The packs of a directory as a spoke computes them from its snapshot."""
-    return wire.plan_packs(dir_id, [(e.name, e.file_id, e.version, e.size) for e in entries
+    return protocol.plan_packs(dir_id, [(e.name, e.file_id, e.version, e.size) for e in entries
                                     if e.parent_id == dir_id and not e.is_dir
                                     and not e.is_symlink])
 
 
-async def decoded(resp: ClientResponse, plan: wire.PackPlan) -> dict:
+async def decoded(resp: ClientResponse, plan: protocol.PackPlan) -> dict:
     assert resp.status == 200, await resp.text()
     assert resp.headers["Content-Type"] == "application/octet-stream"
     assert resp.headers["Cache-Control"] == "public, max-age=31536000, immutable"
-    assert resp.headers["ETag"] == wire.pack_etag(plan.digest)
-    out = wire.decode_pack(await resp.read(), plan.items)
+    assert resp.headers["ETag"] == protocol.pack_etag(plan.digest)
+    out = protocol.decode_pack(await resp.read(), plan.items)
     for value in out.values():
         if value is not None:
             data, digest = value
@@ -62,13 +62,13 @@ async def decoded(resp: ClientResponse, plan: wire.PackPlan) -> dict:
 
 async def assert_error(resp: ClientResponse, status: int, reason: str) -> None:
     assert resp.status == status, await resp.text()
-    assert resp.headers[wire.HEADER_ERROR] == reason
+    assert resp.headers[protocol.HEADER_ERROR] == reason
     assert json.loads(await resp.read())["error"] == reason
 
 
 def test_packs_of_a_directory(tree: Tree) -> None:
-    async def check(client: TestClient, paths: dict[bytes, wire.Entry],
-                    entries: list[wire.Entry]) -> None:
+    async def check(client: TestClient, paths: dict[bytes, protocol.Entry],
+                    entries: list[protocol.Entry]) -> None:
         root, deeper = paths[b""], paths[b"sub/deeper"]
         plans = plans_of(entries, root.file_id)
         assert len(plans) == 1
@@ -84,7 +84,7 @@ def test_packs_of_a_directory(tree: Tree) -> None:
         data = paths[b"sub/deeper/data.bin"]
         assert await decoded(await client.get(plan.path), plan) == {
             (data.file_id, data.version): DATA}
-        metrics = (await (await client.get(wire.METRICS_PATH)).read()).decode()
+        metrics = (await (await client.get(protocol.METRICS_PATH)).read()).decode()
         served = len(plans[0].members) + 1
         assert f'hubd_pack_files_total{{result="served"}} {served}.0' in metrics
         assert 'hubd_pack_files_total{result="gone"} 0.0' in metrics
@@ -96,8 +96,8 @@ def test_packs_of_a_directory(tree: Tree) -> None:
 
 
 def test_gone_members_keep_their_place(tree: Tree) -> None:
-    async def check(client: TestClient, paths: dict[bytes, wire.Entry],
-                    entries: list[wire.Entry]) -> None:
+    async def check(client: TestClient, paths: dict[bytes, protocol.Entry],
+                    entries: list[protocol.Entry]) -> None:
         (plan,) = plans_of(entries, paths[b""].file_id)
         # changed on disk since the scan; a blocking 4-byte write that must land before the GET
         with open(tree.root / "hard1", "ab") as f:  # noqa: ASYNC230
@@ -107,23 +107,23 @@ def test_gone_members_keep_their_place(tree: Tree) -> None:
         gone = {paths[b"hard1"].file_id, paths[b"plain.txt"].file_id}
         for (fid, _), data in got.items():
             assert (data is None) == (fid in gone)
-        metrics = (await (await client.get(wire.METRICS_PATH)).read()).decode()
+        metrics = (await (await client.get(protocol.METRICS_PATH)).read()).decode()
         assert 'hubd_pack_files_total{result="gone"} 2.0' in metrics
 
     run_pack(tree, check)
 
 
 def test_stale_unknown_and_malformed_packs(tree: Tree) -> None:
-    async def check(client: TestClient, paths: dict[bytes, wire.Entry],
-                    entries: list[wire.Entry]) -> None:
+    async def check(client: TestClient, paths: dict[bytes, protocol.Entry],
+                    entries: list[protocol.Entry]) -> None:
         (plan,) = plans_of(entries, paths[b""].file_id)
-        root = wire.format_id(plan.dir_id)
+        root = protocol.format_id(plan.dir_id)
         other = "0" * 16 if plan.digest != "0" * 16 else "1" * 16
         await assert_error(await client.get(f"/v2/pack/{root}/0/{other}"), 412, "stale-version")
         await assert_error(await client.get(f"/v2/pack/{root}/1/{plan.digest}"), 412,
                            "stale-version")
         for not_a_dir in (123456789, paths[b"plain.txt"].file_id):
-            path = f"/v2/pack/{wire.format_id(not_a_dir)}/0/{plan.digest}"
+            path = f"/v2/pack/{protocol.format_id(not_a_dir)}/0/{plan.digest}"
             await assert_error(await client.get(path), 404, "unknown-file")
         for bad in (f"/v2/pack/{root}/x/{plan.digest}", f"/v2/pack/{root}/-1/{plan.digest}",
                     f"/v2/pack/{root}/0/{plan.digest[:-1]}", f"/v2/pack/{root}/0/ABCDEF0123456789",
@@ -136,8 +136,8 @@ def test_stale_unknown_and_malformed_packs(tree: Tree) -> None:
 
 
 def test_pack_needs_the_token(tree: Tree) -> None:
-    async def check(client: TestClient, paths: dict[bytes, wire.Entry],
-                    entries: list[wire.Entry]) -> None:
+    async def check(client: TestClient, paths: dict[bytes, protocol.Entry],
+                    entries: list[protocol.Entry]) -> None:
         (plan,) = plans_of(entries, paths[b""].file_id)
         await assert_error(await client.get(plan.path), 401, "unauthorized")
         await assert_error(await client.get(plan.path, headers={"Authorization": "Bearer no"}),
@@ -151,20 +151,20 @@ def test_pack_needs_the_token(tree: Tree) -> None:
 def test_plan_packs_is_a_pure_function_of_the_directory() -> None:
     """Name order, packable sizes only, a hard link once, cut at the byte and file limits;
     the same packs whatever order the listing comes in."""
-    q = wire.PACK_MAX_BYTES // 4  # four of them fill a pack exactly
-    assert q <= wire.PACK_FILE_MAX_BYTES
+    q = protocol.PACK_MAX_BYTES // 4  # four of them fill a pack exactly
+    assert q <= protocol.PACK_FILE_MAX_BYTES
     files = [(b"b", 10, 1, q), (b"a", 11, 1, q), (b"d", 15, 1, q), (b"c", 16, 1, q),
              (b"e", 12, 1, 1),  # one byte more than a pack: cut
-             (b"big", 13, 1, wire.PACK_FILE_MAX_BYTES + 1), (b"empty", 14, 1, 0),
+             (b"big", 13, 1, protocol.PACK_FILE_MAX_BYTES + 1), (b"empty", 14, 1, 0),
              (b"z-link", 11, 1, q)]  # another name of file 11
-    plans = wire.plan_packs(7, files)
+    plans = protocol.plan_packs(7, files)
     assert [p.members for p in plans] == [((11, 1, q), (10, 1, q), (16, 1, q), (15, 1, q)),
                                           ((12, 1, 1),)]
     assert [p.index for p in plans] == [0, 1]
-    assert plans[0].path == f"/v2/pack/{wire.format_id(7)}/0/{plans[0].digest}"
+    assert plans[0].path == f"/v2/pack/{protocol.format_id(7)}/0/{plans[0].digest}"
     shuffled = list(files)
     random.Random(1).shuffle(shuffled)
-    assert wire.plan_packs(7, shuffled) == plans
-    assert wire.plan_packs(7, [(b"a", 11, 2, q), *files[:1]])[0].digest != plans[0].digest
-    many = [(b"%06d" % i, 100 + i, 1, 1) for i in range(wire.MAX_PACK_FILES + 1)]
-    assert [len(p.members) for p in wire.plan_packs(7, many)] == [wire.MAX_PACK_FILES, 1]
+    assert protocol.plan_packs(7, shuffled) == plans
+    assert protocol.plan_packs(7, [(b"a", 11, 2, q), *files[:1]])[0].digest != plans[0].digest
+    many = [(b"%06d" % i, 100 + i, 1, 1) for i in range(protocol.MAX_PACK_FILES + 1)]
+    assert [len(p.members) for p in protocol.plan_packs(7, many)] == [protocol.MAX_PACK_FILES, 1]

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from hubd import wire
 from hubd.errors import BadRange, MultipleRanges, RangeNotSatisfiable
 from hubd.range_reader import RangeSpec, parse_range, resolve_range
+from spokefs import protocol
 
-MAX = wire.MAX_RANGE_BYTES
+MAX = protocol.MAX_RANGE_BYTES
 
 
 @pytest.mark.parametrize(("header", "size", "want"), [

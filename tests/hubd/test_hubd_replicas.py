@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from hubd import wire
 from hubd.export_root import ExportRoot
+from spokefs import protocol
 from tests.hubd.hubd_testlib import Hub, Tree, decode_snapshot, paths_of, unframed
 from tests.hubd.test_hubd_changes import decode_changes
 from tests.hubd.test_hubd_rescan import assert_error, snapshot
@@ -30,7 +30,7 @@ StartHub = Callable[..., Hub]
 
 
 def _changes(hub: Hub, since: int) -> tuple[int, bytes]:
-    answer = hub.request(f"{wire.CHANGES_PATH}?since={since}")
+    answer = hub.request(f"{protocol.CHANGES_PATH}?since={since}")
     return answer.status, answer.body
 
 
@@ -39,14 +39,15 @@ def test_two_hubs_over_one_directory_serve_identical_snapshots(
     a = start_hub(tree.root)
     time.sleep(0.05)  # a different start, a different scan time: nothing may depend on it
     b = start_hub(tree.root)
-    assert a.request(wire.SNAPSHOT_PATH).body == b.request(wire.SNAPSHOT_PATH).body
+    assert a.request(protocol.SNAPSHOT_PATH).body == b.request(protocol.SNAPSHOT_PATH).body
     first, _ = snapshot(a)
     (tree.root / "new.txt").write_bytes(b"new")
     os.unlink(tree.root / "plain.txt")
     _rescan(a)
     time.sleep(0.05)
     _rescan(b)
-    after_a, after_b = a.request(wire.SNAPSHOT_PATH).body, b.request(wire.SNAPSHOT_PATH).body
+    after_a = a.request(protocol.SNAPSHOT_PATH).body
+    after_b = b.request(protocol.SNAPSHOT_PATH).body
     assert after_a == after_b
     second, entries = decode_snapshot(after_a)
     assert second.generation > first.generation
@@ -56,7 +57,7 @@ def test_two_hubs_over_one_directory_serve_identical_snapshots(
     assert (header.from_generation, header.to_generation) == (first.generation, second.generation)
     new = paths_of(entries)[b"new.txt"]
     for hub in (a, b):
-        assert unframed(hub.request(wire.blob_path(new.file_id, new.version)).body) == b"new"
+        assert unframed(hub.request(protocol.blob_path(new.file_id, new.version)).body) == b"new"
 
 
 def test_a_hub_never_answers_changes_from_a_generation_it_did_not_number(
@@ -70,16 +71,16 @@ def test_a_hub_never_answers_changes_from_a_generation_it_did_not_number(
     _rescan(a)
     assert snapshot(a)[0].generation == snapshot(b)[0].generation
     assert _changes(a, first.generation)[0] == 200
-    assert_error(b.request(f"{wire.CHANGES_PATH}?since={first.generation}"), 410,
+    assert_error(b.request(f"{protocol.CHANGES_PATH}?since={first.generation}"), 410,
                  "generation-gone")
 
 
 def test_a_restarted_hub_keeps_its_generation(tree: Tree, start_hub: StartHub) -> None:
     a = start_hub(tree.root)
-    before = a.request(wire.SNAPSHOT_PATH).body
+    before = a.request(protocol.SNAPSHOT_PATH).body
     assert a.stop() == 0
     again = start_hub(tree.root)
-    assert again.request(wire.SNAPSHOT_PATH).body == before
+    assert again.request(protocol.SNAPSHOT_PATH).body == before
 
 
 def _rescan(hub: Hub) -> None:
@@ -162,8 +163,8 @@ def test_two_st_devs_give_the_same_ids_and_mounts_below_root_do_not_collide(
     assert os.stat(v1).st_dev != os.stat(v2).st_dev
     assert os.stat(v1 / "a.bin").st_ino == os.stat(v1 / "inner" / "a.bin").st_ino
     a, b = start_hub(v1), start_hub(v2)
-    body = a.request(wire.SNAPSHOT_PATH).body
-    assert body == b.request(wire.SNAPSHOT_PATH).body  # ids, versions, generation: all equal
+    body = a.request(protocol.SNAPSHOT_PATH).body
+    assert body == b.request(protocol.SNAPSHOT_PATH).body  # ids, versions, generation: all equal
     _, entries = decode_snapshot(body)
     got = paths_of(entries)
     outer_a, inner_a = got[b"a.bin"], got[b"inner/a.bin"]
@@ -171,7 +172,7 @@ def test_two_st_devs_give_the_same_ids_and_mounts_below_root_do_not_collide(
     assert len({e.file_id for e in entries}) == len(entries)
     for hub in (a, b):
         for entry, want in ((outer_a, b"A" * 5000), (inner_a, b"other a")):
-            answer = hub.request(wire.blob_path(entry.file_id, entry.version))
+            answer = hub.request(protocol.blob_path(entry.file_id, entry.version))
             assert unframed(answer.body) == want
 
 
@@ -195,7 +196,7 @@ def test_hard_links_share_an_id_through_either_view(
         hubs = [start_hub(view) for view in views]
         ids = []
         for hub in hubs:
-            got = paths_of(decode_snapshot(hub.request(wire.SNAPSHOT_PATH).body)[1])
+            got = paths_of(decode_snapshot(hub.request(protocol.SNAPSHOT_PATH).body)[1])
             assert got[b"one"].file_id == got[b"two"].file_id
             ids.append(got[b"one"].file_id)
         assert ids[0] == ids[1]

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hubd import wire
 from hubd.export_root import Rescan, ScanCancelled
 from hubd.metrics import HubMetrics
 from hubd.rescanner import Rescanner
+from spokefs import protocol
 from tests.hubd.hubd_testlib import (
     Answer,
     Hub,
@@ -31,16 +31,16 @@ WAIT_S = 15.0
 
 
 def snapshot(hub: Hub, headers: dict[str, str] | None = None
-             ) -> tuple[wire.SnapshotHeader, list[wire.Entry]]:
-    answer = hub.request(wire.SNAPSHOT_PATH, headers)
+             ) -> tuple[protocol.SnapshotHeader, list[protocol.Entry]]:
+    answer = hub.request(protocol.SNAPSHOT_PATH, headers)
     assert answer.status == 200, answer
     header, entries = decode_snapshot(answer.body)
-    assert answer.header(wire.HEADER_GENERATION) == str(header.generation)
+    assert answer.header(protocol.HEADER_GENERATION) == str(header.generation)
     return header, entries
 
 
-def wait_for_generation_after(hub: Hub, generation: int) -> tuple[wire.SnapshotHeader,
-                                                                 list[wire.Entry]]:
+def wait_for_generation_after(hub: Hub, generation: int) -> tuple[protocol.SnapshotHeader,
+                                                                 list[protocol.Entry]]:
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
         header, entries = snapshot(hub)
@@ -58,12 +58,12 @@ def wait_for_log(hub: Hub, needle: str, count: int) -> None:
 
 
 def changes(hub: Hub, since: object, headers: dict[str, str] | None = None) -> Answer:
-    return hub.request(f"{wire.CHANGES_PATH}?since={since}", headers)
+    return hub.request(f"{protocol.CHANGES_PATH}?since={since}", headers)
 
 
 def assert_error(answer: Answer, status: int, reason: str) -> None:
     assert answer.status == status, answer
-    assert answer.header(wire.HEADER_ERROR) == reason
+    assert answer.header(protocol.HEADER_ERROR) == reason
     assert json.loads(answer.body)["error"] == reason
 
 
@@ -76,20 +76,20 @@ def test_sighup_rescans_and_changes_replay(tree: Tree, start_hub: StartHub) -> N
     assert second.generation > first.generation
     answer = changes(hub, first.generation)
     assert answer.status == 200
-    assert answer.header("Content-Type") == wire.CHANGES_MEDIA_TYPE
-    assert answer.header(wire.HEADER_GENERATION) == str(second.generation)
+    assert answer.header("Content-Type") == protocol.CHANGES_MEDIA_TYPE
+    assert answer.header(protocol.HEADER_GENERATION) == str(second.generation)
     assert answer.header("Cache-Control") == "no-cache"
     header, records = decode_changes(answer.body)
     assert (header.from_generation, header.to_generation) == (first.generation,
                                                               second.generation)
     assert apply(keyed(old_entries), first.root_id, records) == keyed(new_entries)
     new = paths_of(new_entries)[b"new.txt"]  # the new generation's files are served
-    assert unframed(hub.request(wire.blob_path(new.file_id, new.version)).body) == b"new"
+    assert unframed(hub.request(protocol.blob_path(new.file_id, new.version)).body) == b"new"
     hub.proc.send_signal(signal.SIGHUP)  # nothing changed: the generation stays
     wait_for_log(hub, "unchanged", 1)
     assert snapshot(hub)[0].generation == second.generation
     assert hub.proc.poll() is None  # SIGHUP never stops hubd
-    text = hub.request(wire.METRICS_PATH).body.decode()
+    text = hub.request(protocol.METRICS_PATH).body.decode()
     assert 'hubd_rescans_total{result="changed"} 2.0' in text  # the first scan counts
     assert 'hubd_rescans_total{result="unchanged"} 1.0' in text
     [gauge] = [line for line in text.splitlines() if line.startswith("hubd_snapshot_generation ")]
@@ -115,7 +115,7 @@ def test_changes_answers(tree: Tree, start_hub: StartHub, tmp_path: Path) -> Non
     assert_error(changes(hub, 1), 401, "unauthorized")
     current = snapshot(hub, good)[0].generation
     answer = changes(hub, current, good)
-    assert answer.status == 200 and answer.header(wire.HEADER_GENERATION) == str(current)
+    assert answer.status == 200 and answer.header(protocol.HEADER_GENERATION) == str(current)
     assert decode_changes(answer.body)[1] == []
     assert_error(changes(hub, current - 1, good), 410, "generation-gone")
     assert_error(changes(hub, 0, good), 410, "generation-gone")
@@ -123,8 +123,8 @@ def test_changes_answers(tree: Tree, start_hub: StartHub, tmp_path: Path) -> Non
     for bad in ("", "abc", "-1", "1e3", "+1", "%201", "0x10", "1.0", str(2**64), "9" * 30,
                 "%D9%A1%D9%A2"):  # the last: Arabic-Indic digits, which str.isdigit accepts
         assert_error(changes(hub, bad, good), 400, "bad-generation")
-    assert_error(hub.request(wire.CHANGES_PATH, good), 400, "bad-generation")
-    assert_error(hub.request(f"{wire.CHANGES_PATH}?since=1&since=1", good), 400,
+    assert_error(hub.request(protocol.CHANGES_PATH, good), 400, "bad-generation")
+    assert_error(hub.request(f"{protocol.CHANGES_PATH}?since=1&since=1", good), 400,
                  "bad-generation")
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from hubd import wire
 from hubd.errors import StaleVersion, UnknownFile
 from hubd.export_root import (
     ExportRoot,
@@ -20,6 +19,7 @@ from hubd.export_root import (
     next_generation,
     version_of,
 )
+from spokefs import protocol
 from tests.hubd.hubd_testlib import DATA, ODD_NAMES, Tree, decode_snapshot, paths_of
 
 
@@ -81,7 +81,7 @@ def test_hard_links_share_one_id_and_are_listed_per_link(
     assert one.parent_id != two.parent_id
     ids = [e.file_id for e in snap.entries if e.name not in (b"hard1", b"hard2")]
     assert len(set(ids)) == len(ids)  # everything else is distinct
-    assert all(e.file_id >= wire.MIN_FILE_ID for e in snap.entries)
+    assert all(e.file_id >= protocol.MIN_FILE_ID for e in snap.entries)
     assert all(e.file_id < 2**63 for e in snap.entries)
     export.close()
 

@@ -14,13 +14,13 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 import hubd.app
-from hubd import wire
 from hubd.app import make_app
 from hubd.cli import read_token
 from hubd.config import HubConfig
 from hubd.errors import StartupError
 from hubd.export_root import ExportRoot
 from hubd.metrics import HubMetrics
+from spokefs import protocol
 from tests.hubd.hubd_testlib import Hub, Tree
 
 StartHub = Callable[..., Hub]
@@ -48,12 +48,12 @@ def test_every_guarded_request_is_compared_in_constant_time(
         async with TestClient(TestServer(make_app(cfg, export, HubMetrics()))) as client:
             statuses = []
             for headers in (good, {}, {"Authorization": "Bearer nope"}, {"Authorization": TOKEN}):
-                for path in (wire.SNAPSHOT_PATH, f"{wire.CHANGES_PATH}?since=0",
-                             wire.blob_path(2, 2), "/nowhere"):
+                for path in (protocol.SNAPSHOT_PATH, f"{protocol.CHANGES_PATH}?since=0",
+                             protocol.blob_path(2, 2), "/nowhere"):
                     statuses.append((await client.get(path, headers=headers)).status)
-                pack = f"/v2/pack/{wire.format_id(2)}/0/{'0' * 16}"
+                pack = f"/v2/pack/{protocol.format_id(2)}/0/{'0' * 16}"
                 statuses.append((await client.get(pack, headers=headers)).status)
-            for path in (wire.HEALTH_PATH, wire.METRICS_PATH):
+            for path in (protocol.HEALTH_PATH, protocol.METRICS_PATH):
                 assert (await client.get(path)).status == 200
             return statuses
 
@@ -108,9 +108,9 @@ def test_no_token_in_logs_even_from_malformed_requests(
             sock.sendall(raw.encode("latin-1"))
             assert sock.recv(4096).startswith(b"HTTP/1.")
     good = {"Authorization": f"Bearer {TOKEN}"}
-    assert hub.request(wire.SNAPSHOT_PATH, good).status == 200
-    assert hub.request(wire.SNAPSHOT_PATH, {"Authorization": f"Bearer {TOKEN}x"}).status == 401
-    assert TOKEN.encode() not in hub.request(wire.METRICS_PATH).body
+    assert hub.request(protocol.SNAPSHOT_PATH, good).status == 200
+    assert hub.request(protocol.SNAPSHOT_PATH, {"Authorization": f"Bearer {TOKEN}x"}).status == 401
+    assert TOKEN.encode() not in hub.request(protocol.METRICS_PATH).body
     hub.stop()
     log = hub.stderr()
     assert "rejected a malformed request" in log  # the DEBUG line is there ...
@@ -166,7 +166,7 @@ def test_malformed_requests_get_a_fixed_answer_that_echoes_nothing(
         answer = _answer_to(port, raw.encode("latin-1"))
         assert TOKEN.encode() not in answer and TOKEN[:6].encode() not in answer, what
         assert re.sub(rb"\r\nDate: [^\r]*", b"", answer) == reference, (what, answer)
-    assert hub.request(wire.HEALTH_PATH).status == 200
+    assert hub.request(protocol.HEALTH_PATH).status == 200
     hub.stop()
     log = hub.stderr()
     assert log.count("rejected a malformed request") == len(MALFORMED) + 1

@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from hubd import wire
-from hubd.wire import Entry
+from spokefs import protocol
+from spokefs.protocol import Entry, tree
 
 ROOT = 0x100
 DIR = stat.S_IFDIR | 0o755
@@ -29,22 +29,22 @@ def entries() -> list[Entry]:
 
 @pytest.mark.parametrize("chunk", [1, 333, 1 << 20])
 def test_rows_and_entries_agree_in_any_chunking(chunk: int) -> None:
-    blob = wire.encode_snapshot(9, ROOT, entries())
-    by_rows, by_entries = wire.SnapshotDecoder(), wire.SnapshotDecoder()
-    rows: list[wire.Row] = []
+    blob = protocol.encode_snapshot(9, ROOT, entries())
+    by_rows, by_entries = protocol.SnapshotDecoder(), protocol.SnapshotDecoder()
+    rows: list[protocol.Row] = []
     got: list[Entry] = []
     for i in range(0, len(blob), chunk):
         rows.extend(by_rows.feed_rows(blob[i : i + chunk]))
         got.extend(by_entries.feed(blob[i : i + chunk]))
-    assert by_rows.finish() == by_entries.finish() == wire.SnapshotHeader(9, ROOT, len(got))
+    assert by_rows.finish() == by_entries.finish() == protocol.SnapshotHeader(9, ROOT, len(got))
     assert got == entries()
     assert [Entry(*r) for r in rows] == got
 
 
 def test_no_entry_is_held_back_at_a_full_inflate_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(wire, "_PLAIN_STEP", 64)  # every step fills its output exactly
-    blob = wire.encode_snapshot(9, ROOT, entries())
-    decoder = wire.SnapshotDecoder()
+    monkeypatch.setattr(tree, "_PLAIN_STEP", 64)  # every step fills its output exactly
+    blob = protocol.encode_snapshot(9, ROOT, entries())
+    decoder = protocol.SnapshotDecoder()
     rows = decoder.feed_rows(blob)  # one chunk: everything must come out of this call
     assert len(rows) == len(entries())
     decoder.finish()
@@ -52,6 +52,6 @@ def test_no_entry_is_held_back_at_a_full_inflate_step(monkeypatch: pytest.Monkey
 
 def test_a_bad_entry_after_good_ones_fails_the_batch() -> None:
     bad = Entry(0x9999, ROOT, REG, 1, 1, 1, 1, b"a/b")
-    blob = wire.encode_snapshot(9, ROOT, [*entries(), bad])
-    with pytest.raises(wire.WireError, match="bad name"):
-        wire.SnapshotDecoder().feed_rows(blob)
+    blob = protocol.encode_snapshot(9, ROOT, [*entries(), bad])
+    with pytest.raises(protocol.WireError, match="bad name"):
+        protocol.SnapshotDecoder().feed_rows(blob)

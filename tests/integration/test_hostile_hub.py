@@ -1,7 +1,7 @@
 """A hostile or broken hub cannot crash, mislead or fill a spoke.
 
 A fake hub (``http.server`` in a thread of this process) serves crafted ``/v2/snapshot``
-bytes, built with ``hubd.wire``'s encoders or by hand. ``spokefs mount`` must refuse each
+bytes, built with ``spokefs.protocol``'s encoders or by hand. ``spokefs mount`` must refuse each
 one with one line ``spokefs: error: the hub at URL sent a bad snapshot: ...``, exit 1, no
 traceback, nothing mounted. Then a hub that lies about a file's checksums (a frame's sum in
 its blob, the sum in its pack record): reads fail with EIO and never return its bytes, and
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import xxhash
 
-from hubd import wire
+from spokefs import protocol
 from tests.helpers import procs
 from tests.helpers.procs import SpokeMount
 
@@ -37,26 +37,26 @@ FILE_BYTES = bytes(range(256)) * 40  # 10,240 bytes
 
 
 def entry(fid: int, parent: int, name: bytes, mode: int = REG, size: int = 0,
-          target: bytes = b"", version: int = 1) -> wire.Entry:
-    return wire.Entry(fid, parent, mode, size, 1_700_000_000 * 10**9, 1, version, name, target)
+          target: bytes = b"", version: int = 1) -> protocol.Entry:
+    return protocol.Entry(fid, parent, mode, size, 1_700_000_000 * 10**9, 1, version, name, target)
 
 
 ROOT = entry(ROOT_ID, 0, b"", DIR)
 
 
-def snapshot(*entries: wire.Entry, count: int | None = None) -> bytes:
+def snapshot(*entries: protocol.Entry, count: int | None = None) -> bytes:
     """A snapshot of ROOT plus ``entries``; ``count`` overrides the declared entry count."""
     items = [ROOT, *entries]
     n = len(items) if count is None else count
-    plain = (wire.encode_header(GEN, ROOT_ID, n) + b"".join(map(wire.encode_entry, items))
-             + wire.encode_trailer(n))
+    plain = (protocol.encode_header(GEN, ROOT_ID, n) + b"".join(map(protocol.encode_entry, items))
+             + protocol.encode_trailer(n))
     return zlib.compress(plain)
 
 
 def zlib_bomb() -> bytes:
     """A valid header, then 512 MiB of zeros: ~0.5 MB on the wire."""
     comp = zlib.compressobj(9)
-    parts = [comp.compress(wire.encode_header(GEN, ROOT_ID, 2))]
+    parts = [comp.compress(protocol.encode_header(GEN, ROOT_ID, 2))]
     zeros = bytes(1 << 20)
     parts += [comp.compress(zeros) for _ in range(512)]
     return b"".join(parts) + comp.flush()
@@ -88,7 +88,7 @@ HOSTILE: dict[str, tuple[bytes | Callable[[], bytes], str, str]] = {
     "truncated-zlib": (GOOD[:-12], "", "truncated"),
     "garbage": (bytes(range(256)) * 64, "", "not a zlib stream"),
     "empty-body": (b"", "", "truncated"),
-    "bad-magic": (zlib.compress(b"XXXX" + wire.encode_header(GEN, ROOT_ID, 1)[4:]), "",
+    "bad-magic": (zlib.compress(b"XXXX" + protocol.encode_header(GEN, ROOT_ID, 1)[4:]), "",
                   "not a v1 snapshot"),
     "wrong-content-type": (GOOD, "text/html; charset=utf-8", "content type"),
     "enormous-count": (snapshot(count=2**63), "", "absurd snapshot header"),
@@ -101,10 +101,10 @@ HOSTILE: dict[str, tuple[bytes | Callable[[], bytes], str, str]] = {
 def framed_file() -> bytes:
     """FILE_BYTES (file 3, version 1) in the framed representation of protocol v2."""
     out = bytearray()
-    for i, pos in enumerate(range(0, len(FILE_BYTES), wire.FRAME_DATA_BYTES)):
-        chunk = FILE_BYTES[pos : pos + wire.FRAME_DATA_BYTES]
-        out += chunk + wire.FRAME_SUM.pack(
-            xxhash.xxh3_64_intdigest(chunk, wire.frame_seed(3, 1, i)))
+    for i, pos in enumerate(range(0, len(FILE_BYTES), protocol.FRAME_DATA_BYTES)):
+        chunk = FILE_BYTES[pos : pos + protocol.FRAME_DATA_BYTES]
+        out += chunk + protocol.FRAME_SUM.pack(
+            xxhash.xxh3_64_intdigest(chunk, protocol.frame_seed(3, 1, i)))
     return bytes(out)
 
 
@@ -114,17 +114,17 @@ class FakeHub:
 
     def __init__(self) -> None:
         self.snapshot = GOOD
-        self.content_type = wire.SNAPSHOT_MEDIA_TYPE
+        self.content_type = protocol.SNAPSHOT_MEDIA_TYPE
         self.lie = False
         self.blob_requests = 0
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                if self.path == wire.SNAPSHOT_PATH:
+                if self.path == protocol.SNAPSHOT_PATH:
                     self._send(200, hub.snapshot, {"Content-Type": hub.content_type,
-                                                   wire.HEADER_GENERATION: str(GEN)})
-                elif self.path == wire.blob_path(3, 1):
+                                                   protocol.HEADER_GENERATION: str(GEN)})
+                elif self.path == protocol.blob_path(3, 1):
                     hub.blob_requests += 1
                     first, last = map(int, self.headers["Range"].removeprefix("bytes=").split("-"))
                     framed = bytearray(framed_file())
@@ -136,13 +136,13 @@ class FakeHub:
                 elif self.path.startswith("/v2/pack/"):
                     hub.blob_requests += 1
                     digest = xxhash.xxh3_64_intdigest(FILE_BYTES) + (1 if hub.lie else 0)
-                    self._send(200, wire.encode_pack_record(3, 1, FILE_BYTES, digest % 2**64),
+                    self._send(200, protocol.encode_pack_record(3, 1, FILE_BYTES, digest % 2**64),
                                {"Content-Type": "application/octet-stream"})
                 else:
-                    self._send(404, b'{"error": "not-found"}', {wire.HEADER_ERROR: "not-found"})
+                    self._send(404, b'{"error": "not-found"}', {protocol.HEADER_ERROR: "not-found"})
 
             def do_POST(self) -> None:
-                self._send(404, b'{"error": "not-found"}', {wire.HEADER_ERROR: "not-found"})
+                self._send(404, b'{"error": "not-found"}', {protocol.HEADER_ERROR: "not-found"})
 
             def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
                 self.send_response(status)
@@ -185,7 +185,7 @@ def test_hostile_snapshots_are_refused(fake_hub: FakeHub, tmp_path: Path,
     refused = []
     for name, (body, ctype, why) in HOSTILE.items():
         fake_hub.snapshot = body() if callable(body) else body
-        fake_hub.content_type = ctype or wire.SNAPSHOT_MEDIA_TYPE
+        fake_hub.content_type = ctype or protocol.SNAPSHOT_MEDIA_TYPE
         started = time.monotonic()
         line = procs.mount_fails(fake_hub.url, mnt, tmp_path / f"cache-{name}")
         prefix = f"spokefs: error: the hub at {fake_hub.url} sent a bad snapshot: "

@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 import xxhash
 
-from hubd import wire
+from spokefs import protocol
 from tests.helpers.seaweed import SeaweedServer
 from tests.hubd.hubd_testlib import (
     Hub,
@@ -61,17 +61,17 @@ def put(server: SeaweedServer, bucket: str, files: dict[str, bytes]) -> None:
         writer.put_object(Bucket=bucket, Key=key, Body=body)
 
 
-def tree_of(hub: Hub) -> tuple[int, dict[bytes, wire.Entry]]:
-    answer = hub.request(wire.SNAPSHOT_PATH)
+def tree_of(hub: Hub) -> tuple[int, dict[bytes, protocol.Entry]]:
+    answer = hub.request(protocol.SNAPSHOT_PATH)
     assert answer.status == 200
     header, entries = decode_snapshot(answer.body)
     return header.generation, paths_of(entries)
 
 
-def blob(hub: Hub, entry: wire.Entry, range_: str | None = None) -> tuple[int, bytes]:
+def blob(hub: Hub, entry: protocol.Entry, range_: str | None = None) -> tuple[int, bytes]:
     """(status, body) of a framed blob answer; a whole answer's frames are checked and its
     data returned."""
-    answer = hub.request(wire.blob_path(entry.file_id, entry.version),
+    answer = hub.request(protocol.blob_path(entry.file_id, entry.version),
                          {"Range": range_} if range_ else None)
     if answer.status == 200:
         data = unframed(answer.body)
@@ -112,31 +112,31 @@ def test_prefix_export_snapshot_blobs_and_packs(seaweed: SeaweedServer, bucket: 
     # the root's deterministic packs, planned as a spoke plans them
     root = tree[b""]
     files = [(p, e) for p, e in tree.items() if not e.is_dir and b"/" not in p]
-    plans = wire.plan_packs(root.file_id, [(p, e.file_id, e.version, e.size) for p, e in files])
+    plans = protocol.plan_packs(root.file_id, [(p, e.file_id, e.version, e.size) for p, e in files])
     served = {}
     for plan in plans:
         answer = hub.request(plan.path)
         assert answer.status == 200, answer.body
-        served |= wire.decode_pack(answer.body, plan.items)
+        served |= protocol.decode_pack(answer.body, plan.items)
     for path, entry in files:
-        if wire.packable(entry.size):
+        if protocol.packable(entry.size):
             data = FILES["data/train/" + path.decode()]
             assert served[(entry.file_id, entry.version)] == (data, xxhash.xxh3_64_intdigest(data))
     # one warning per reason, and the metric
     err = hub.stderr()
     assert err.count("keys skipped (shadowed)") == 1
     assert err.count("keys skipped (directory-marker)") == 1
-    metrics = hub.request(wire.METRICS_PATH).body.decode()
+    metrics = hub.request(protocol.METRICS_PATH).body.decode()
     assert 'hubd_s3_skipped_keys{reason="shadowed"} 1.0' in metrics
     assert "hubd_s3_list_pages" in metrics
 
 
 
 
-def changes_since(hub: Hub, generation: int) -> list[wire.Upsert | wire.Remove]:
-    answer = hub.request(f"{wire.CHANGES_PATH}?since={generation}")
+def changes_since(hub: Hub, generation: int) -> list[protocol.Upsert | protocol.Remove]:
+    answer = hub.request(f"{protocol.CHANGES_PATH}?since={generation}")
     assert answer.status == 200, answer.body
-    decoder = wire.ChangesDecoder()
+    decoder = protocol.ChangesDecoder()
     records = list(decoder.feed(answer.body))
     decoder.finish()
     return records
@@ -151,11 +151,11 @@ def test_replaced_deleted_and_new_objects(seaweed: SeaweedServer, bucket: str,
     put(seaweed, bucket, {"replace": b"new bytes, longer", "added/file": b"fresh"})
     seaweed.writer().delete_object(Bucket=bucket, Key="delete")
     # the snapshot still names the old object: S3 refuses it (If-Match), never new bytes
-    answer = hub.request(wire.blob_path(old.file_id, old.version))
-    assert (answer.status, answer.header(wire.HEADER_ERROR)) == (412, "stale-version")
+    answer = hub.request(protocol.blob_path(old.file_id, old.version))
+    assert (answer.status, answer.header(protocol.HEADER_ERROR)) == (412, "stale-version")
     gone = tree[b"delete"]
-    answer = hub.request(wire.blob_path(gone.file_id, gone.version))
-    assert (answer.status, answer.header(wire.HEADER_ERROR)) == (404, "unknown-file")
+    answer = hub.request(protocol.blob_path(gone.file_id, gone.version))
+    assert (answer.status, answer.header(protocol.HEADER_ERROR)) == (404, "unknown-file")
     # the 412 (and the 404) asked for a rescan: a new generation comes without SIGHUP
     second = wait_generation(hub, first)
     _, tree = tree_of(hub)
@@ -164,8 +164,8 @@ def test_replaced_deleted_and_new_objects(seaweed: SeaweedServer, bucket: str,
     assert new.file_id == old.file_id and new.version != old.version
     assert blob(hub, new) == (200, b"new bytes, longer")
     records = changes_since(hub, first)
-    removes = {r.name for r in records if isinstance(r, wire.Remove)}
-    upserts = {r.entry.name for r in records if isinstance(r, wire.Upsert)}
+    removes = {r.name for r in records if isinstance(r, protocol.Remove)}
+    upserts = {r.entry.name for r in records if isinstance(r, protocol.Upsert)}
     assert removes == {b"delete"}
     assert {b"replace", b"added", b"file"} <= upserts and b"keep" not in upserts
     # SIGHUP with nothing changed: same generation
@@ -219,8 +219,8 @@ def test_server_down_then_back(own_seaweed: SeaweedServer, tmp_path: Path, s3_en
         parts = urlsplit(hub.url)
         hub.close_conn()
         hub._conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
-        answer = hub.request(wire.blob_path(entry.file_id, entry.version))
-        assert (answer.status, answer.header(wire.HEADER_ERROR)) == (503, "read-failed")
+        answer = hub.request(protocol.blob_path(entry.file_id, entry.version))
+        assert (answer.status, answer.header(protocol.HEADER_ERROR)) == (503, "read-failed")
         assert answer.header("Retry-After") == "1"
         own_seaweed.start()
         assert blob(hub, entry) == (200, b"durable bytes")
@@ -242,7 +242,7 @@ def test_framed_ranges_across_slices_and_gets(seaweed: SeaweedServer, bucket: st
     _, tree = tree_of(hub)
     entry = tree[b"big/obj.bin"]
     whole = framed(data, entry.file_id, entry.version)
-    slice_, frame = wire.SLICE_BYTES, wire.FRAME_BYTES
+    slice_, frame = protocol.SLICE_BYTES, protocol.FRAME_BYTES
     cuts = [(0, 1), (frame - 1, frame + 1), (slice_ - 5, slice_ + 5), (slice_, 4 * slice_),
             (3 * slice_ + 7, 5 * slice_ - 7), (4 * slice_ - 1, 8 * slice_ + 1),
             (len(whole) - 3, len(whole))]
@@ -251,7 +251,7 @@ def test_framed_ranges_across_slices_and_gets(seaweed: SeaweedServer, bucket: st
              for a in (rng.randrange(len(whole)) for _ in range(12))]
     for a, b in cuts:
         assert blob(hub, entry, f"bytes={a}-{b - 1}") == (206, whole[a:b]), (a, b)
-    step = wire.framed_size(3_932_160)  # 3.75 MiB of data: ranges off the slice grid
+    step = protocol.framed_size(3_932_160)  # 3.75 MiB of data: ranges off the slice grid
     got = b"".join(blob(hub, entry, f"bytes={a}-{min(a + step, len(whole)) - 1}")[1]
                    for a in range(0, len(whole), step))
     assert got == whole

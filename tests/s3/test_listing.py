@@ -7,12 +7,12 @@ from collections import Counter
 
 import pytest
 
-from hubd import wire
 from hubd.s3 import listing
 from hubd.s3.client import S3Client, S3Config
 from hubd.s3.errors import AccessDenied
 from hubd.s3.listing import Listing, list_objects
 from hubd.s3.tree import build_tree, export_prefix
+from spokefs import protocol
 from tests.helpers.fault_proxy import FaultProxy
 from tests.helpers.seaweed import SeaweedServer
 from tests.s3.test_client import CREDS, put_many
@@ -81,7 +81,7 @@ def test_bucket_to_tree(seaweed: SeaweedServer, bucket: str) -> None:
     result = listed(seaweed, bucket, prefix, 8)
     tree = build_tree(bucket, prefix, result.objects)
     stats = tree.stats
-    decoder = wire.SnapshotDecoder()
+    decoder = protocol.SnapshotDecoder()
     names = sorted(e.name for e in decoder.feed(tree.table.build(tree.root_id).encode(1, 1)))
     decoder.finish()
     assert names == [b"", b"1", b"2", b"3", b"4", b"a", b"b"]

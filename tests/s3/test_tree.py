@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hubd import wire
 from hubd.s3.client import ObjectInfo
 from hubd.s3.tree import (
     DIR_MODE,
@@ -20,6 +19,7 @@ from hubd.s3.tree import (
     object_version,
     skip_reason,
 )
+from spokefs import protocol
 
 T0 = 1_700_000_000_000_000_000
 
@@ -29,16 +29,16 @@ def obj(key: str, size: int = 1, etag: str = '"e"', mtime_ns: int = T0) -> Objec
 
 
 def decoded(objects: list[ObjectInfo], prefix: str = "",
-            bucket: str = "bkt") -> tuple[dict[str, wire.Entry], int, object]:
+            bucket: str = "bkt") -> tuple[dict[str, protocol.Entry], int, object]:
     """Build, encode, decode with the spoke's decoder: {path: entry}, root id, stats."""
     tree = build_tree(bucket, prefix, objects)
     builder, root_id, stats = tree.table, tree.root_id, tree.stats
     table = builder.build(root_id)
-    decoder = wire.SnapshotDecoder()
+    decoder = protocol.SnapshotDecoder()
     entries = list(decoder.feed(table.encode(1, 1)))
     decoder.finish()
     paths: dict[int, str] = {}
-    out: dict[str, wire.Entry] = {}
+    out: dict[str, protocol.Entry] = {}
     for e in entries:
         path = "" if e.parent_id == 0 else f"{paths[e.parent_id]}/{e.name.decode()}".lstrip("/")
         paths[e.file_id] = path
@@ -114,7 +114,7 @@ def test_ids_are_stable_and_bucket_scoped() -> None:
     assert a["k/1"].file_id == b["k/1"].file_id and a["k"].file_id == b["k"].file_id
     other, _, _ = decoded([obj("k/1")], bucket="another")
     assert other["k/1"].file_id != a["k/1"].file_id
-    assert all(e.file_id >= wire.MIN_FILE_ID for e in a.values())
+    assert all(e.file_id >= protocol.MIN_FILE_ID for e in a.values())
 
 
 def test_version_from_etag_and_size() -> None:

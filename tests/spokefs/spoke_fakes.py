@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import trio
 
-from hubd import wire
+from spokefs import protocol
 from spokefs.errors import StaleExport
 
 
@@ -21,7 +21,7 @@ class FakeHub:
         align_bytes: the grid ranges are asked on (one frame: no tier).
     """
 
-    align_bytes = wire.FRAME_DATA_BYTES
+    align_bytes = protocol.FRAME_DATA_BYTES
 
     def __init__(self, files: dict[tuple[int, int], bytes], delay_s: float = 0.0) -> None:
         self.files = files
@@ -47,7 +47,7 @@ class FakeHub:
     received_bytes = 0
 
     async def fetch_pack(
-        self, plan: wire.PackPlan,
+        self, plan: protocol.PackPlan,
         on_file: Callable[[tuple[int, int], bytes | None], None] | None = None,
     ) -> dict[tuple[int, int], bytes | None]:
         """Streams like the real client: each file is handed over ``per_file_s`` after the

@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import xxhash
 
-from hubd import wire
+from spokefs import protocol
 from spokefs.errors import CorruptBlock, HubProtocolError, HubUnavailable
 from spokefs.hub_client import HubClient
 from tests.hubd.hubd_testlib import framed
@@ -88,7 +88,7 @@ def ranged(body: bytes, **extra: str) -> Answer:
 
 async def test_honest_hub_is_read(hub: LyingHub) -> None:
     hub.answer = ranged(FRAMED)
-    frame = wire.FRAME_DATA_BYTES
+    frame = protocol.FRAME_DATA_BYTES
     async with client(hub) as c:
         assert await c.fetch_frames(2, 3, len(DATA), 0, len(DATA)) == DATA
         assert await c.fetch_frames(2, 3, len(DATA), frame, 2 * frame) == DATA[frame : 2 * frame]
@@ -100,17 +100,17 @@ async def test_bad_frames_are_retried_then_corrupt(lie: str, hub: LyingHub) -> N
     """Whatever range was asked, a frame must be the one at that offset of that file."""
     body = bytearray(FRAMED)
     if lie == "flipped-byte":
-        body[wire.FRAME_BYTES + 5] ^= 1
+        body[protocol.FRAME_BYTES + 5] ^= 1
     elif lie == "flipped-sum":
-        body[2 * wire.FRAME_BYTES - 1] ^= 1
+        body[2 * protocol.FRAME_BYTES - 1] ^= 1
     elif lie == "other-offset":  # a cache that put frame 0 where frame 1 belongs
-        body[wire.FRAME_BYTES : 2 * wire.FRAME_BYTES] = body[: wire.FRAME_BYTES]
+        body[protocol.FRAME_BYTES : 2 * protocol.FRAME_BYTES] = body[: protocol.FRAME_BYTES]
     else:  # the same bytes framed for another file
         body = bytearray(framed(DATA, 2, 4))
     hub.answer = ranged(bytes(body))
     async with client(hub, deadline_s=2.0) as c:  # room for retries on a loaded machine
         with pytest.raises(CorruptBlock):
-            await c.fetch_frames(2, 3, len(DATA), 0, 2 * wire.FRAME_DATA_BYTES)
+            await c.fetch_frames(2, 3, len(DATA), 0, 2 * protocol.FRAME_DATA_BYTES)
     assert hub.requests >= 2  # fetched again before giving up
 
 
@@ -119,7 +119,7 @@ async def test_wrong_bodies_are_protocol_errors(lie: str, hub: LyingHub) -> None
     if lie == "short":
         hub.answer = lambda h: (206, {}, FRAMED[:100])
     elif lie == "200-not-206":
-        hub.answer = lambda h: (200, {}, FRAMED[: wire.FRAME_BYTES])
+        hub.answer = lambda h: (200, {}, FRAMED[: protocol.FRAME_BYTES])
     elif lie == "too-long":  # more than asked for: never read past what was asked
         big = bytes(8 << 20)
         hub.answer = lambda h: (206, {}, big)
@@ -127,27 +127,28 @@ async def test_wrong_bodies_are_protocol_errors(lie: str, hub: LyingHub) -> None
         hub.answer = lambda h: (206, {"Content-Length": str(1 << 40)}, b"x" * 100)
     async with client(hub) as c:
         with pytest.raises(HubProtocolError):
-            await c.fetch_frames(2, 3, len(DATA), 0, wire.FRAME_DATA_BYTES)
+            await c.fetch_frames(2, 3, len(DATA), 0, protocol.FRAME_DATA_BYTES)
 
 
 async def test_bad_pack_answers(hub: LyingHub) -> None:
     members = ((2, 3, 3), (4, 5, 7))
-    plan = wire.PackPlan(9, 0, members, wire.pack_digest(members))
-    good = (wire.encode_pack_record(2, 3, b"abc", xxhash.xxh3_64_intdigest(b"abc"))
-            + wire.encode_pack_record(4, 5, None, 0))
+    plan = protocol.PackPlan(9, 0, members, protocol.pack_digest(members))
+    good = (protocol.encode_pack_record(2, 3, b"abc", xxhash.xxh3_64_intdigest(b"abc"))
+            + protocol.encode_pack_record(4, 5, None, 0))
     hub.answer = lambda h: (200, {}, good)
     async with client(hub) as c:
         assert await c.fetch_pack(plan) == {(2, 3): b"abc", (4, 5): None}
-        swapped = wire.encode_pack_record(4, 5, None, 0) + wire.encode_pack_record(2, 3, None, 0)
+        record = protocol.encode_pack_record
+        swapped = record(4, 5, None, 0) + record(2, 3, None, 0)
         for body in (good[:-5], swapped, good + b"extra", bytes(64)):  # cut, out of order...
             hub.answer = lambda h, body=body: (200, {}, body)
             with pytest.raises(HubProtocolError):
                 await c.fetch_pack(plan)
-        lied = wire.encode_pack_record(2, 3, b"abc", 12345) + wire.encode_pack_record(4, 5, None, 0)
+        lied = record(2, 3, b"abc", 12345) + record(4, 5, None, 0)
         hub.answer = lambda h: (200, {}, lied)
         with pytest.raises(HubUnavailable):  # a bad checksum is retried, then given up
             await c.fetch_pack(plan)
-        huge = (wire.MAX_RANGE_BYTES + 1 << 10)
+        huge = (protocol.MAX_RANGE_BYTES + 1 << 10)
         hub.answer = lambda h: (200, {"Content-Length": str(huge)}, b"")
         with pytest.raises(HubProtocolError):
             await c.fetch_pack(plan)
@@ -164,5 +165,5 @@ async def test_an_older_hub_fails_with_both_versions_named(hub: LyingHub) -> Non
 async def test_snapshot_with_another_content_type_is_a_bad_snapshot(hub: LyingHub) -> None:
     hub.answer = lambda h: (200, {"Content-Type": "text/html"}, b"<html>login</html>")
     async with client(hub) as c:
-        with pytest.raises(wire.WireError, match="content type"):
+        with pytest.raises(protocol.WireError, match="content type"):
             await c.fetch_snapshot()

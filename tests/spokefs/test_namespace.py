@@ -4,10 +4,10 @@ import stat
 
 import pytest
 
-from hubd import wire
-from hubd.wire import Entry
+from spokefs import protocol
 from spokefs.errors import NotFound
 from spokefs.namespace import ROOT_INODE, Namespace
+from spokefs.protocol import Entry
 
 ROOT = 0x100
 DIR = stat.S_IFDIR | 0o755
@@ -28,7 +28,7 @@ def tree(gen: int = 1) -> list[Entry]:
 
 def test_load_lookup_getattr_readdir(tmp_path):
     ns = Namespace(tmp_path)
-    info = ns.load_snapshot(wire.encode_snapshot(7, ROOT, tree()))
+    info = ns.load_snapshot(protocol.encode_snapshot(7, ROOT, tree()))
     assert (info.generation, info.entries) == (7, 505)
     root = ns.getattr(ROOT_INODE)
     assert root.ino == ROOT_INODE and stat.S_ISDIR(root.mode) and root.nlink == 3
@@ -62,9 +62,9 @@ def test_load_lookup_getattr_readdir(tmp_path):
 )
 def test_hostile_snapshot_is_rejected_and_old_namespace_kept(tmp_path, bad):
     ns = Namespace(tmp_path)
-    good = ns.load_snapshot(wire.encode_snapshot(7, ROOT, tree()))
-    with pytest.raises(wire.WireError):
-        ns.load_snapshot(wire.encode_snapshot(8, ROOT, [*tree(), bad]))
+    good = ns.load_snapshot(protocol.encode_snapshot(7, ROOT, tree()))
+    with pytest.raises(protocol.WireError):
+        ns.load_snapshot(protocol.encode_snapshot(8, ROOT, [*tree(), bad]))
     assert ns.info == good
     assert ns.lookup(ROOT_INODE, b"a\nb").ino == 0x300
     ns.close()
@@ -72,20 +72,20 @@ def test_hostile_snapshot_is_rejected_and_old_namespace_kept(tmp_path, bad):
 
 def test_truncated_snapshot_is_rejected(tmp_path):
     ns = Namespace(tmp_path)
-    blob = wire.encode_snapshot(7, ROOT, tree())
-    with pytest.raises(wire.WireError):
+    blob = protocol.encode_snapshot(7, ROOT, tree())
+    with pytest.raises(protocol.WireError):
         ns.load_snapshot(blob[: len(blob) // 2])
     assert ns.info is None
     ns.close()
 
 
 def changes(frm: int, to: int, records: list[bytes]) -> bytes:
-    return wire.encode_changes(frm, to, ROOT, records, len(records))
+    return protocol.encode_changes(frm, to, ROOT, records, len(records))
 
 
 def loaded(tmp_path) -> Namespace:
     ns = Namespace(tmp_path)
-    ns.load_snapshot(wire.encode_snapshot(7, ROOT, tree()))
+    ns.load_snapshot(protocol.encode_snapshot(7, ROOT, tree()))
     return ns
 
 
@@ -93,12 +93,12 @@ def test_changes_rename_grow_remove_and_new_dir(tmp_path):
     ns = loaded(tmp_path)
     before = [n for _, n, _ in ns.readdir(0x200, 0)]
     applied = ns.apply_changes(changes(7, 9, [
-        wire.encode_remove(ROOT, b"a\nb"),                              # rename a\nb -> renamed
-        wire.encode_upsert(Entry(0x300, ROOT, REG, 5, 3, 2, 0xAA, b"renamed")),
-        wire.encode_upsert(Entry(0x1001, 0x200, REG, 99, 6, 1, 0xBB, b"f00001")),  # grown
-        wire.encode_remove(0x200, b"f00002"),                           # removed
-        wire.encode_upsert(Entry(0x900, ROOT, DIR, 0, 7, 2, 0, b"new")),  # new dir + child
-        wire.encode_upsert(Entry(0x901, 0x900, REG, 1, 7, 1, 1, b"x")),
+        protocol.encode_remove(ROOT, b"a\nb"),                              # rename a\nb -> renamed
+        protocol.encode_upsert(Entry(0x300, ROOT, REG, 5, 3, 2, 0xAA, b"renamed")),
+        protocol.encode_upsert(Entry(0x1001, 0x200, REG, 99, 6, 1, 0xBB, b"f00001")),  # grown
+        protocol.encode_remove(0x200, b"f00002"),                           # removed
+        protocol.encode_upsert(Entry(0x900, ROOT, DIR, 0, 7, 2, 0, b"new")),  # new dir + child
+        protocol.encode_upsert(Entry(0x901, 0x900, REG, 1, 7, 1, 1, b"x")),
     ]))
     assert applied.info.generation == 9 and applied.records == 6
     with pytest.raises(NotFound):
@@ -123,18 +123,18 @@ def test_changes_rename_grow_remove_and_new_dir(tmp_path):
 @pytest.mark.parametrize(
     "records",
     [
-        [wire.encode_remove(ROOT, b"nope")],                                       # unknown name
-        [wire.encode_upsert(Entry(0x950, 0x300, REG, 1, 1, 1, 1, b"under-a-file"))],
-        [wire.encode_upsert(Entry(0x950, 0x999, REG, 1, 1, 1, 1, b"orphan"))],
-        [wire.encode_remove(ROOT, b"sub dir"),                                     # a cycle
-         wire.encode_upsert(Entry(0x960, 0x200, DIR, 0, 1, 2, 0, b"inner")),
-         wire.encode_upsert(Entry(0x200, 0x960, DIR, 0, 1, 2, 0, b"loop"))],
+        [protocol.encode_remove(ROOT, b"nope")],                                   # unknown name
+        [protocol.encode_upsert(Entry(0x950, 0x300, REG, 1, 1, 1, 1, b"under-a-file"))],
+        [protocol.encode_upsert(Entry(0x950, 0x999, REG, 1, 1, 1, 1, b"orphan"))],
+        [protocol.encode_remove(ROOT, b"sub dir"),                                     # a cycle
+         protocol.encode_upsert(Entry(0x960, 0x200, DIR, 0, 1, 2, 0, b"inner")),
+         protocol.encode_upsert(Entry(0x200, 0x960, DIR, 0, 1, 2, 0, b"loop"))],
     ],
 )
 def test_bad_changes_are_rejected_whole(tmp_path, records):
     ns = loaded(tmp_path)
     info = ns.info
-    with pytest.raises(wire.WireError):
+    with pytest.raises(protocol.WireError):
         ns.apply_changes(changes(7, 8, records))
     assert ns.info == info
     assert ns.lookup(ROOT_INODE, b"a\nb").ino == 0x300
@@ -143,8 +143,8 @@ def test_bad_changes_are_rejected_whole(tmp_path, records):
 
 def test_changes_from_another_generation_are_rejected(tmp_path):
     ns = loaded(tmp_path)
-    with pytest.raises(wire.WireError):
-        ns.apply_changes(changes(6, 8, [wire.encode_remove(ROOT, b"a\nb")]))
+    with pytest.raises(protocol.WireError):
+        ns.apply_changes(changes(6, 8, [protocol.encode_remove(ROOT, b"a\nb")]))
     assert ns.lookup(ROOT_INODE, b"a\nb").ino == 0x300
     ns.close()
 
@@ -154,7 +154,7 @@ def test_bulk_load_in_any_step_size_gives_the_same_namespace(tmp_path, monkeypat
     from spokefs import namespace
     monkeypatch.setattr(namespace._BulkLoader, "_STEP", step)
     ns = Namespace(tmp_path)
-    info = ns.load_snapshot(wire.encode_snapshot(7, ROOT, tree()))
+    info = ns.load_snapshot(protocol.encode_snapshot(7, ROOT, tree()))
     assert (info.entries, info.total_bytes) == (505, 5 + 5 + 6 + sum(range(500)))  # per name
     sub = ns.lookup(ROOT_INODE, b"sub dir")
     assert [n for _, n, _ in ns.readdir(sub.ino, 0)][:3] == [b"hardlink", b"\xff\xfe", b"f00000"]
@@ -166,20 +166,20 @@ def test_a_name_twice_across_load_steps_is_rejected(tmp_path, monkeypatch):
     monkeypatch.setattr(namespace._BulkLoader, "_STEP", 5)
     ns = Namespace(tmp_path)
     twice = [*tree(), Entry(0x9000, 0x200, REG, 1, 1, 1, 1, b"f00003")]
-    with pytest.raises(wire.WireError, match="listed twice"):
-        ns.load_snapshot(wire.encode_snapshot(7, ROOT, twice))
+    with pytest.raises(protocol.WireError, match="listed twice"):
+        ns.load_snapshot(protocol.encode_snapshot(7, ROOT, twice))
     assert ns.info is None
 
 
 def test_a_reload_invalidates_every_old_directory(tmp_path):
     ns = loaded(tmp_path)
-    applied = ns.reload_snapshot(wire.encode_snapshot(8, ROOT, tree()[:3]))
+    applied = ns.reload_snapshot(protocol.encode_snapshot(8, ROOT, tree()[:3]))
     assert {ROOT_INODE, 0x200} <= set(applied.inodes)  # listings the kernel may hold
 
 
 def test_readdir_types_match_readdir(tmp_path):
     ns = Namespace(tmp_path)
-    ns.load_snapshot(wire.encode_snapshot(7, ROOT, tree()))
+    ns.load_snapshot(protocol.encode_snapshot(7, ROOT, tree()))
     for ino in (ROOT_INODE, 0x200):
         want = [(pos, name, a.ino, a.mode) for pos, name, a in ns.readdir(ino, 0)]
         assert list(ns.readdir_types(ino, 0)) == want and want
@@ -188,7 +188,7 @@ def test_readdir_types_match_readdir(tmp_path):
 
 def test_readdir_rows_match_readdir(tmp_path):
     ns = Namespace(tmp_path)
-    ns.load_snapshot(wire.encode_snapshot(7, ROOT, tree()))
+    ns.load_snapshot(protocol.encode_snapshot(7, ROOT, tree()))
     for ino in (ROOT_INODE, 0x200):
         rows = list(ns.readdir_rows(ino, 0))
         want = [
@@ -203,7 +203,7 @@ def test_readdir_rows_match_readdir(tmp_path):
 
 def test_subdirs_parent_and_siblings(tmp_path):
     ns = Namespace(tmp_path)
-    ns.load_snapshot(wire.encode_snapshot(7, ROOT, [*tree(), Entry(0x600, ROOT, DIR, 0, 1, 2, 0,
+    ns.load_snapshot(protocol.encode_snapshot(7, ROOT, [*tree(), Entry(0x600, ROOT, DIR, 0, 1, 2, 0,
                                                                    b"other")]))
     assert ns.subdirs(ROOT) == [0x200, 0x600]
     assert (ns.parent_of(ROOT), ns.parent_of(0x600)) == (0, ROOT)
@@ -215,12 +215,12 @@ def test_subdirs_parent_and_siblings(tmp_path):
 async def test_dir_lister_keeps_a_parents_subdirs_per_generation(tmp_path):
     from spokefs.mount import _DirLister
     ns = Namespace(tmp_path)
-    ns.load_snapshot(wire.encode_snapshot(7, ROOT, tree()))
+    ns.load_snapshot(protocol.encode_snapshot(7, ROOT, tree()))
     lister = _DirLister(ns)
     assert await lister.siblings(0x200) == (ROOT, [0x200])  # the whole list, itself included
     assert await lister.siblings(ROOT) == (0, [])
     extra = Entry(0x600, ROOT, DIR, 0, 1, 2, 0, b"other")
-    ns.load_snapshot(wire.encode_snapshot(8, ROOT, [*tree(), extra]))  # a new generation
+    ns.load_snapshot(protocol.encode_snapshot(8, ROOT, [*tree(), extra]))  # a new generation
     assert await lister.siblings(0x200) == (ROOT, [0x200, 0x600])
 
 
@@ -230,11 +230,11 @@ async def test_dir_lister_packs_match_the_hubs_per_generation(tmp_path):
     from spokefs.mount import _DirLister
     from spokefs.types import FileVersion
     ns = Namespace(tmp_path)
-    ns.load_snapshot(wire.encode_snapshot(7, ROOT, tree()))
+    ns.load_snapshot(protocol.encode_snapshot(7, ROOT, tree()))
     lister = _DirLister(ns)
 
-    def hubs(entries: list[Entry], dir_id: int) -> list[wire.PackPlan]:
-        return wire.plan_packs(dir_id, [(e.name, e.file_id, e.version, e.size)
+    def hubs(entries: list[Entry], dir_id: int) -> list[protocol.PackPlan]:
+        return protocol.plan_packs(dir_id, [(e.name, e.file_id, e.version, e.size)
                                         for e in entries if e.parent_id == dir_id
                                         and stat.S_ISREG(e.mode)])
 
@@ -247,6 +247,6 @@ async def test_dir_lister_packs_match_the_hubs_per_generation(tmp_path):
     assert await lister.pack_of(ROOT, FileVersion(0x1005, 5, 5)) is None  # not listed there
     changed = [e if e.file_id != 0x1005 else Entry(0x1005, 0x200, REG, 7, 9, 1, 99, e.name)
                for e in tree()]
-    ns.load_snapshot(wire.encode_snapshot(8, ROOT, changed))  # a new generation
+    ns.load_snapshot(protocol.encode_snapshot(8, ROOT, changed))  # a new generation
     (new,) = await lister.packs(0x200)
     assert [new] == hubs(changed, 0x200) and new.digest != plan.digest

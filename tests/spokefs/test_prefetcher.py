@@ -8,7 +8,7 @@ import trio
 from spoke_fakes import FakeHub, poll_until
 from trio.testing import wait_all_tasks_blocked
 
-from hubd import wire
+from spokefs import protocol
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import PrefetchConfig
 from spokefs.fetcher import Fetcher
@@ -27,12 +27,12 @@ def setup(tmp_path, files, dirs=None, delay_s=0.03):
     fetcher = Fetcher(BlockCache(tmp_path, 1 << 30), hub)  # type: ignore[arg-type]
 
     class Lister:  # one directory level: no siblings; files named in the order given
-        async def packs(self, dir_id: int) -> list[wire.PackPlan]:
+        async def packs(self, dir_id: int) -> list[protocol.PackPlan]:
             files = (dirs or {}).get(dir_id, [])
-            return wire.plan_packs(dir_id, [(b"%08d" % i, f.file_id, f.version, f.size)
+            return protocol.plan_packs(dir_id, [(b"%08d" % i, f.file_id, f.version, f.size)
                                             for i, f in enumerate(files)])
 
-        async def pack_of(self, dir_id: int, fv: FileVersion) -> wire.PackPlan | None:
+        async def pack_of(self, dir_id: int, fv: FileVersion) -> protocol.PackPlan | None:
             for plan in await self.packs(dir_id):
                 if (fv.file_id, fv.version, fv.size) in plan.members:
                     return plan

@@ -7,7 +7,7 @@ import pytest
 import trio
 from spoke_fakes import FakeHub, poll_until
 
-from hubd import wire
+from spokefs import protocol
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import BLOCK_SIZE
 from spokefs.errors import HubUnavailable
@@ -60,7 +60,7 @@ async def test_random_reads_fetch_only_their_blocks(tmp_path):
 async def test_through_a_tier_ranges_start_and_end_on_the_slice_grid(tmp_path):
     """Behind a tier every range is whole 1 MiB slices (or ends at EOF), and what the
     widened range brought is kept: a read elsewhere in that slice needs no request."""
-    mib = wire.SLICE_DATA_BYTES
+    mib = protocol.SLICE_DATA_BYTES
     data = os.urandom(3 * mib + 5000)
     hub, reader = make(tmp_path, {(3, 1): data})
     hub.align_bytes = mib  # FakeHub refuses any range off this grid

@@ -11,7 +11,7 @@ import os
 import trio
 from spoke_fakes import FakeHub
 
-from hubd import wire
+from spokefs import protocol
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import CHUNK_SIZE
 from spokefs.fetcher import Fetcher
@@ -26,7 +26,7 @@ REQUEST = 3 << 20
 
 class FakePacks:
     """``mount._DirLister.pack_of`` over the test's files: each directory's packs planned as
-    the hub plans them (``wire.plan_packs``)."""
+    the hub plans them (``protocol.plan_packs``)."""
 
     def __init__(self, fvs: dict[str, FileVersion], dir_ids: dict[str, int]) -> None:
         rows: dict[int, list[tuple[bytes, int, int, int]]] = {}
@@ -34,9 +34,9 @@ class FakePacks:
             parent, _, name = path.rpartition("/")
             rows.setdefault(dir_ids[parent], []).append(
                 (name.encode(), fv.file_id, fv.version, fv.size))
-        self.plans = {d: wire.plan_packs(d, r) for d, r in rows.items()}
+        self.plans = {d: protocol.plan_packs(d, r) for d, r in rows.items()}
 
-    async def pack_of(self, dir_id: int, fv: FileVersion) -> wire.PackPlan | None:
+    async def pack_of(self, dir_id: int, fv: FileVersion) -> protocol.PackPlan | None:
         return next((p for p in self.plans.get(dir_id, [])
                      if (fv.file_id, fv.version, fv.size) in p.members), None)
 

@@ -1,0 +1,175 @@
+"""Deterministic packs: the small files of a directory in packs that every hub plans alike
+and names by a digest of their members, so one pack has one URL for a regional cache; the
+pack answer's records, and their decoder (docs/protocol.md, "Pack answer")."""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from spokefs.protocol.base import WireError, format_id
+from spokefs.protocol.routes import PACK_PATH
+
+MAX_PACK_FILES = 4096
+# File bytes per pack: as spokefs's PrefetchConfig.request_bytes, a little under 4 MiB so a
+# pack and its headers fit one 4 MiB TCP window (one round trip even at 900 ms; 2 MiB packs
+# needed twice the connections, each 1.5 RTT to open). A reader waiting for one member gets
+# it as it streams in, not at the pack's end.
+PACK_MAX_BYTES = 4 * 1024 * 1024 - 256 * 1024
+PACK_FILE_MAX_BYTES = 1024 * 1024  # larger files are read as blobs
+PACK_GONE = -1
+PACK_ITEM = struct.Struct("<QQ")
+PACK_RECORD = struct.Struct("<QQqQ")
+_PACK_DIGEST_BYTES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class PackPlan:
+    """One pack of a directory.
+
+    Attributes:
+        dir_id: the directory.
+        index: the pack's place among the directory's packs.
+        members: ``(file_id, version, size)`` of each file, in name order.
+        digest: ``pack_digest`` of the members.
+    """
+
+    dir_id: int
+    index: int
+    members: tuple[tuple[int, int, int], ...]
+    digest: str
+
+    @property
+    def path(self) -> str:
+        return PACK_PATH.format(dir_id=format_id(self.dir_id), index=self.index,
+                                digest=self.digest)
+
+    @property
+    def file_bytes(self) -> int:
+        return sum(m[2] for m in self.members)
+
+    @property
+    def items(self) -> list[tuple[int, int]]:
+        return [(fid, ver) for fid, ver, _ in self.members]
+
+
+def packable(size: int) -> bool:
+    """Whether a regular file of ``size`` bytes is read through its directory's packs."""
+    return 0 < size <= PACK_FILE_MAX_BYTES
+
+
+def pack_digest(members: Iterable[tuple[int, int, int]]) -> str:
+    data = b"".join(PACK_ITEM.pack(fid, ver) for fid, ver, _ in members)
+    return hashlib.blake2b(data, digest_size=_PACK_DIGEST_BYTES).hexdigest()
+
+
+def pack_etag(digest: str) -> str:
+    return f'"pack-{digest}"'
+
+
+def plan_packs(dir_id: int, files: Iterable[tuple[bytes, int, int, int]]) -> list[PackPlan]:
+    """The packs of a directory, from ``(name, file_id, version, size)`` of its regular files
+    (any order): the packable ones in name order, cut greedily at ``PACK_MAX_BYTES`` and
+    ``MAX_PACK_FILES``. Hub and spokes call this on the same namespace and get the same
+    packs, hence the same URLs."""
+    seen: set[int] = set()
+    packs: list[list[tuple[int, int, int]]] = []
+    current: list[tuple[int, int, int]] = []
+    nbytes = 0
+    for _name, fid, ver, size in sorted(files):
+        if not packable(size) or fid in seen:
+            continue
+        seen.add(fid)
+        if current and (nbytes + size > PACK_MAX_BYTES or len(current) == MAX_PACK_FILES):
+            packs.append(current)
+            current, nbytes = [], 0
+        current.append((fid, ver, size))
+        nbytes += size
+    if current:
+        packs.append(current)
+    return [PackPlan(dir_id, i, tuple(m), pack_digest(m)) for i, m in enumerate(packs)]
+
+
+def parse_pack_index(text: str) -> int:
+    """A pack index from a URL; raises WireError unless it is canonical decimal (no leading
+    zero: one pack, one URL) of at most 10 digits."""
+    if not text.isascii() or not text.isdigit() or len(text) > 10 or text != str(int(text)):
+        raise WireError(f"bad pack index {text[:40]!r}: want a decimal number")
+    return int(text)
+
+
+def parse_digest(text: str) -> str:
+    if len(text) != 2 * _PACK_DIGEST_BYTES or text.strip("0123456789abcdef"):
+        raise WireError(f"bad pack digest {text[:40]!r}: want 16 lowercase hex digits")
+    return text
+
+
+def encode_pack_record(file_id: int, version: int, data: bytes | None, digest: int) -> bytes:
+    if data is None:
+        return PACK_RECORD.pack(file_id, version, PACK_GONE, 0)
+    return PACK_RECORD.pack(file_id, version, len(data), digest) + data
+
+
+def decode_pack(
+    body: bytes, items: list[tuple[int, int]]
+) -> dict[tuple[int, int], tuple[bytes, int] | None]:
+    """Split a whole pack answer into ``(file id, version) -> (bytes, xxh3_64)``; None: gone.
+
+    Checksums are not verified here (the caller does, with the sums it keeps);
+    the structure is: every asked item once, in order, nothing extra.
+    """
+    decoder = PackDecoder(items)
+    out = dict(decoder.feed(body))
+    decoder.finish()
+    return out
+
+
+class PackDecoder:
+    """Decodes a pack answer as it streams in: each file is complete as soon as its last
+    byte has arrived, so a reader waiting for it need not wait for the rest of the pack.
+
+    ``feed`` returns the records completed by a piece of the body, ``finish`` checks that
+    the answer was whole; both raise ``WireError`` on a malformed answer.
+    """
+
+    def __init__(self, items: list[tuple[int, int]]) -> None:
+        self._items = items
+        self._next = 0  # index of the item whose record comes next
+        self._buf = bytearray()
+        self._record: tuple[int, int, int, int] | None = None  # header of the file under way
+
+    def feed(self, piece: bytes) -> list[tuple[tuple[int, int], tuple[bytes, int] | None]]:
+        self._buf += piece
+        done: list[tuple[tuple[int, int], tuple[bytes, int] | None]] = []
+        while True:
+            if self._record is None:
+                if len(self._buf) < PACK_RECORD.size:
+                    break
+                if self._next >= len(self._items):
+                    raise WireError("data after the pack answer")
+                rfid, rver, length, digest = PACK_RECORD.unpack_from(self._buf)
+                del self._buf[: PACK_RECORD.size]
+                if (rfid, rver) != self._items[self._next]:
+                    raise WireError("pack answer out of order")
+                if length != PACK_GONE and length < 0:
+                    raise WireError("pack answer with a negative length")
+                self._record = (rfid, rver, length, digest)
+            rfid, rver, length, digest = self._record
+            if length == PACK_GONE:
+                done.append(((rfid, rver), None))
+            elif len(self._buf) >= length:
+                done.append(((rfid, rver), (bytes(self._buf[:length]), digest)))
+                del self._buf[:length]
+            else:
+                break
+            self._record = None
+            self._next += 1
+        return done
+
+    def finish(self) -> None:
+        if self._buf and self._next >= len(self._items):
+            raise WireError("data after the pack answer")
+        if self._next < len(self._items):
+            raise WireError("pack answer cut short")
