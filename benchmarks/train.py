@@ -11,8 +11,11 @@ read error is a mismatch; any mismatch makes the benchmark exit 1). Configuratio
 
 - ``local``: the dataset directory on local disk;
 - ``spoke-cold``: hubd -> longlink -> a fresh ``spokefs mount`` with an empty cache dir;
-- ``spoke-warm``: the same mount's second epoch;
-- ``spoke-remount``: unmounted, mounted again on the same cache dir, one epoch;
+- ``spoke-warm``: the same mount's second epoch: page-cache-warm (the drop cannot evict the
+  LMDB pages the spoke has mapped), so it is shown, labelled "same mount", and graded against
+  nothing;
+- ``spoke-remount``: unmounted, mounted again on the same cache dir (a fresh spoke process,
+  page cache dropped), one epoch: every warm figure graded against a goal is this one;
 - ``ceiling``: the same files from benchmarks/ceiling_fs.py, a minimal in-memory pyfuse3
   filesystem (what FUSE served by Python can do on this machine);
 - ``copy-first``: 16 parallel HTTP GETs of whole files from hubd through the link (after one
@@ -25,9 +28,10 @@ read error is a mismatch; any mismatch makes the benchmark exit 1). Configuratio
   ``spokefs mount --replay TRACE`` (empty cache dir, same link) runs one epoch at once, in
   the same order as the traced run (a rerun of the same seeded job; ``--replay-reshuffle``
   shuffles it with another seed instead), while the replay fetches the trace's working set
-  in the background. Its figures: samples/s after the first 100 batches over spoke-warm's
-  (same run and mode), epoch time over local, link bytes from the mount to the end of the
-  epoch over the trace's working set, and the p99 of reads that waited for the hub
+  in the background. Its figures: samples/s after the first 100 batches over spoke-remount's
+  (the warm rate after a remount, same run and mode; over spoke-warm's, for information),
+  epoch time over local, link bytes from the mount to the end of the epoch over the trace's
+  working set, and the p99 of reads that waited for the hub
   (``spokefs_read_miss_seconds``) over spoke-cold's (the same mount without a replay);
 - ``bucket-cold``: ``hubd serve s3://BUCKET`` -> longlink (its own) -> a fresh ``spokefs
   mount``, one cold epoch; the dataset is uploaded once per RTT to a real SeaweedFS (``weed
@@ -153,16 +157,16 @@ GOALS = (
             "<=", 1.02),
     bl.Goal(ISSUE_GOALS[1], "cold_train_epoch", "spoke-cold, train: epoch s / local epoch s",
             "<=", 1.10, (60,)),
-    bl.Goal(ISSUE_GOALS[1], "warm_train", "spoke-warm, train: samples/s / local", ">=", 0.99),
-    bl.Goal(ISSUE_GOALS[1], "remount_train", "spoke-remount, train: samples/s / local",
-            ">=", 0.99),
+    # "warm and after a remount": the warm figure graded is the one after a remount (a fresh
+    # spoke, page cache dropped); spoke-warm (same mount) keeps the LMDB pages it has mapped
+    bl.Goal(ISSUE_GOALS[1], "remount_train", "spoke-remount (warm, after a remount), train: "
+            "samples/s / local", ">=", 0.99),
     bl.Goal(ISSUE_GOALS[2], "remount_io_ceiling", "spoke-remount, io: samples/s / ceiling",
             ">=", 0.8),
-    bl.Goal(ISSUE_GOALS[3], "hit_warm", "spoke-warm: block hit ratio (worst mode)", ">=", 0.99),
     bl.Goal(ISSUE_GOALS[3], "hit_remount", "spoke-remount: block hit ratio (worst mode)",
             ">=", 0.99),
     bl.Goal(ISSUE_GOALS[4], "replay_after", "spoke-replay, train: samples/s after batch 100 "
-            "/ spoke-warm's", ">=", 0.95, (60,)),
+            "/ spoke-remount's (the warm rate after a remount)", ">=", 0.95, (60,)),
     bl.Goal(ISSUE_GOALS[4], "replay_epoch", "spoke-replay, train: epoch s / local epoch s",
             "<=", 1.05, (60,)),
     bl.Goal(ISSUE_GOALS[5], "replay_link", "spoke-replay: link bytes / trace working set "
@@ -1045,8 +1049,11 @@ def finish_run(env: Env, ctx: Ctx) -> None:
             rec["ratio_ceiling"] = rec["samples_per_s"] / ceiling["samples_per_s"]
     by = {r["config"]: r for r in mine}
     replay, warm, cold = by.get("spoke-replay"), by.get("spoke-warm"), by.get("spoke-cold")
+    remount = by.get("spoke-remount")
+    if replay and remount and replay.get("rate_after") and remount.get("rate_after"):
+        replay["after_over_remount"] = replay["rate_after"] / remount["rate_after"]  # graded
     if replay and warm and replay.get("rate_after") and warm.get("rate_after"):
-        replay["after_over_warm"] = replay["rate_after"] / warm["rate_after"]
+        replay["after_over_warm"] = replay["rate_after"] / warm["rate_after"]  # same mount
     if replay and cold and replay.get("miss_p99_ms") and cold.get("miss_p99_ms"):
         replay["p99_over_cold"] = replay["miss_p99_ms"] / cold["miss_p99_ms"]
 
@@ -1062,6 +1069,7 @@ def figure(env: Env, rtt: int, mode: str, config: str, key: str) -> bl.Figure:
     return fig
 
 
+SAME_MOUNT = " (same mount)"  # spoke-warm's label in the tables: page-cache-warm, not graded
 COLUMNS: tuple[tuple[str, str, str], ...] = (  # (heading, record key, format)
     ("samples/s", "samples_per_s", "{:.0f}"),
     ("x local", "ratio_local", "{:.2f}"),
@@ -1074,7 +1082,8 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (  # (heading, record key, format)
     ("x link bound", "frac_bound", "{:.2f}"),
     ("hit ratio", "hit_ratio", "{:.3f}"),
     (f"after {AFTER_BATCHES} batches /s", "rate_after", "{:.0f}"),
-    ("x warm after 100", "after_over_warm", "{:.2f}"),
+    ("x remount after 100", "after_over_remount", "{:.2f}"),
+    ("x same-mount warm after 100", "after_over_warm", "{:.2f}"),
     ("link B / trace B", "link_per_trace_byte", "{:.3f}"),
     ("miss read p99 ms", "miss_p99_ms", "{:.0f}"),
     ("x cold p99", "p99_over_cold", "{:.2f}"),
@@ -1092,7 +1101,7 @@ def table(env: Env, rtt: int, mode: str) -> str | None:
             continue
         cut = any(r["cut"] for r in env.records
                   if (r["rtt_ms"], r["mode"], r["config"]) == (rtt, mode, config))
-        cells = [f"{config}{' *' if cut else ''}"]
+        cells = [f"{config}{SAME_MOUNT if config == 'spoke-warm' else ''}{' *' if cut else ''}"]
         cells += [figure(env, rtt, mode, config, key).text(fmt) for _, key, fmt in COLUMNS]
         rows.append(cells)
     if not rows:
@@ -1105,6 +1114,11 @@ def table(env: Env, rtt: int, mode: str) -> str | None:
     if any(r[0].endswith("*") for r in rows):
         text += ("\n\n\\* an epoch cut at its budget: the rate is over what it read "
                  "(rclone: not run again at that RTT)")
+    if any(r[0].startswith("spoke-warm") for r in rows):
+        text += ("\n\nspoke-warm" + SAME_MOUNT + ": the same mount's second epoch; the page "
+                 "cache was dropped but the LMDB pages the spoke has mapped stay resident "
+                 "(page-cache-warm). Graded against nothing: the warm goals are graded on "
+                 "spoke-remount (a fresh spoke, page cache dropped).")
     return text
 
 
@@ -1121,8 +1135,6 @@ def goal_value(env: Env, goal: bl.Goal, rtt: int) -> tuple[float | None, str]:
         return med("io", "spoke-cold", "link_per_byte"), ""
     if goal.key == "cold_train_epoch":
         return med("train", "spoke-cold", "epoch_over_local"), ""
-    if goal.key == "warm_train":
-        return med("train", "spoke-warm", "ratio_local"), ""
     if goal.key == "remount_train":
         return med("train", "spoke-remount", "ratio_local"), ""
     if goal.key == "remount_io_ceiling":
@@ -1130,15 +1142,18 @@ def goal_value(env: Env, goal: bl.Goal, rtt: int) -> tuple[float | None, str]:
         note = f"ratio to local {local:.2f}" if local is not None else ""
         return med("io", "spoke-remount", "ratio_ceiling"), note
     if goal.key == "replay_after":
-        return med("train", "spoke-replay", "after_over_warm"), ""
+        value = med("train", "spoke-replay", "after_over_remount")
+        if value is None and not env.want("spoke-remount"):
+            return None, "needs spoke-remount (the warm rate after a remount) in --only"
+        same = med("train", "spoke-replay", "after_over_warm")
+        return value, f"x same-mount warm {same:.2f}, not graded" if same is not None else ""
     if goal.key == "replay_epoch":
         return med("train", "spoke-replay", "epoch_over_local"), ""
     if goal.key in ("replay_link", "replay_p99"):
         key = "link_per_trace_byte" if goal.key == "replay_link" else "p99_over_cold"
         vals = [v for m in MODES if (v := med(m, "spoke-replay", key)) is not None]
         return (max(vals) if vals else None), ""
-    config = "spoke-warm" if goal.key == "hit_warm" else "spoke-remount"
-    vals = [v for m in MODES if (v := med(m, config, "hit_ratio")) is not None]
+    vals = [v for m in MODES if (v := med(m, "spoke-remount", "hit_ratio")) is not None]
     return (min(vals) if vals else None), ""
 
 
