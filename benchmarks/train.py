@@ -25,10 +25,14 @@ read error is a mismatch; any mismatch makes the benchmark exit 1). Configuratio
   full`` (skipped with a note where rclone is not installed);
 - ``spoke-replay``: the second run of the job on a fresh node: after the spoke-cold and
   spoke-warm epochs, ``spokefs trace save`` exports the mount's access trace, and a fresh
-  ``spokefs mount --replay TRACE`` (empty cache dir, same link) runs one epoch at once, in
-  the same order as the traced run (a rerun of the same seeded job; ``--replay-reshuffle``
-  shuffles it with another seed instead), while the replay fetches the trace's working set
-  in the background. Its figures: samples/s after the first 100 batches over spoke-remount's
+  ``spokefs mount --replay TRACE`` (empty cache dir, a fresh emulator with the same settings)
+  runs one epoch at once, in the same order as the traced run (a rerun of the same seeded
+  job; ``--replay-reshuffle`` shuffles it with another seed instead), while the replay
+  fetches the trace's working set in the background. The replay moves bytes from the mount
+  on, so its clock starts when that mount command is launched (the page cache dropped
+  before; the emulator's counter then is recorded, 0 on a fresh one): its epoch time and
+  link bytes count from there, the mount included. Its figures: samples/s after the first
+  100 batches over spoke-remount's
   (the warm rate after a remount, same run and mode; over spoke-warm's, for information),
   epoch time over local, link bytes from the mount to the end of the epoch over the trace's
   working set, and the p99 of reads that waited for the hub
@@ -509,14 +513,20 @@ class Ctx:
 
 
 def measure(env: Env, ctx: Ctx, config: str, root: Path, watch: Watch,
-            budget_s: float | None = None, copy: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Drop the page cache, run one epoch over root while watching, return its record."""
+            budget_s: float | None = None, copy: dict[str, Any] | None = None,
+            clock_start: float | None = None) -> dict[str, Any]:
+    """Drop the page cache, run one epoch over root while watching, return its record.
+    ``clock_start`` (a ``perf_counter``, for spoke-replay: the mount command's launch): the
+    caller dropped the page cache before it, and the epoch's clock starts there, so the
+    time from it to the epoch counts (as copy-first's copy does)."""
     budget = env.deadline.timeout(budget_s or env.args.epoch_budget_s)
-    bl.drop_caches()
+    if clock_start is None:
+        bl.drop_caches()
     l0, k0 = bl.link_counters(watch.link), block_counts(watch.metrics_url)
     h0 = bl.scrape(watch.metrics_url, (MISS_HIST,))
     cpu = bl.CpuMeter(watch.pids())
     sampler = Sampler(watch)
+    pre_s = time.perf_counter() - clock_start if clock_start is not None else 0.0
     ep, stuck = run_epoch(root, ctx.ds, ctx.seed, ctx.mode, env.args, budget)
     series = sampler.stop()
     cpu_out = cpu.stop()
@@ -524,7 +534,9 @@ def measure(env: Env, ctx: Ctx, config: str, root: Path, watch: Watch,
         time.sleep(0.5)  # bytes still on their way
     l1, k1 = bl.link_counters(watch.link), block_counts(watch.metrics_url)
     h1 = bl.scrape(watch.metrics_url, (MISS_HIST,))
-    rec = epoch_record(ctx, config, ep, copy)
+    rec = epoch_record(ctx, config, ep, copy, pre_s)
+    if clock_start is not None:
+        rec["pre_epoch_s"] = pre_s  # from the clock's start to the loader's creation
     if h1:
         p99 = histogram_quantile(0.99, h0, h1)
         rec["miss_p99_ms"] = p99 * 1000 if p99 is not None else None
@@ -533,6 +545,7 @@ def measure(env: Env, ctx: Ctx, config: str, root: Path, watch: Watch,
         moved = l1.minus(l0).bytes_down + (copy or {}).get("link_bytes", 0)
         rec["link_bytes"] = moved
         rec["link_per_byte"] = moved / ep.nbytes if ep.nbytes else None
+        rec["link_down_at_epoch"] = [l0.bytes_down, l1.bytes_down]  # the emulator's counter
     if k0 is not None and k1 is not None:
         hits, misses = k1[0] - k0[0], k1[1] - k0[1]
         rec["hit_ratio"] = hits / (hits + misses) if hits + misses else None
@@ -543,9 +556,11 @@ def measure(env: Env, ctx: Ctx, config: str, root: Path, watch: Watch,
     return rec
 
 
-def epoch_record(ctx: Ctx, config: str, ep: Epoch, copy: dict[str, Any] | None) -> dict[str, Any]:
-    """The figures of one epoch (for copy-first, the copy's time comes first)."""
-    pre = copy["seconds"] if copy else 0.0
+def epoch_record(ctx: Ctx, config: str, ep: Epoch, copy: dict[str, Any] | None,
+                 pre_s: float = 0.0) -> dict[str, Any]:
+    """The figures of one epoch (for copy-first, the copy's time comes first; for
+    spoke-replay, ``pre_s``: the time from the mount command to the epoch)."""
+    pre = (copy["seconds"] if copy else 0.0) + pre_s
     seconds = pre + ep.seconds
     rate = ep.samples / seconds if seconds else 0.0
     shifted = Epoch(ep.planned, ep.samples, ep.nbytes, seconds, ep.wait_s + pre,
@@ -640,6 +655,10 @@ def report(env: Env, rec: dict[str, Any]) -> None:
     if rec.get("hit_ratio") is not None:
         bits.append(f"hits {rec['hit_ratio']:.3f}")
     bits.append(f"waited {rec['wait_frac']:.2f}")
+    if "link_bytes_at_clock_start" in rec:
+        bits.append(f"clock from the mount's launch (link {rec['link_bytes_at_clock_start']} B "
+                    f"then; {rec['link_bytes_before_epoch'] / 1e6:.1f} MB in the "
+                    f"{rec['pre_epoch_s']:.1f} s before the loader)")
     if rec["cut"]:
         bits.append(f"CUT ({rec['cut'][:60]})")
     if rec["mismatches"]:
@@ -715,8 +734,8 @@ def run_spoke(env: Env, ctx: Ctx, srv: Servers) -> None:
                     rec = measure(env, ctx, "spoke-remount", m.path, _spoke_watch(link, m, srv))
                     m.stuck |= rec["stuck_reader"]
                     report(env, rec)
-            if env.want("spoke-replay"):
-                run_replay(env, ctx, srv, link, trace, tag)
+        if env.want("spoke-replay"):
+            run_replay(env, ctx, srv, trace, tag)
     finally:
         if not env.args.keep:
             shutil.rmtree(cache, ignore_errors=True)
@@ -734,27 +753,40 @@ def save_trace(env: Env, m: bl.Mount, tag: str) -> Path:
     return trace
 
 
-def run_replay(env: Env, ctx: Ctx, srv: Servers, link: LongLinkProcess, trace: Path,
-               tag: str) -> None:
-    """The next run on a fresh node: an empty cache, ``--replay`` of the trace, one epoch
-    (in another order) at once."""
+def run_replay(env: Env, ctx: Ctx, srv: Servers, trace: Path, tag: str) -> None:
+    """The next run on a fresh node: an empty cache, ``--replay`` of the trace, one epoch at
+    once. The replay moves bytes from the mount on, so the clock starts when ``spokefs mount
+    --replay`` is launched (the page cache dropped before), behind a fresh emulator (same
+    settings) whose byte counter at that moment is recorded: ``link_bytes_at_clock_start``,
+    0 unless something crossed before the clock. Epoch seconds, samples/s and link bytes
+    count from there (``pre_epoch_s``: mount to loader; ``link_bytes_before_epoch``: what the
+    replay moved by then, inside the clock)."""
     cache = env.new_dir(f"cache-replay-{ctx.rtt}-{ctx.mode}-{ctx.run}-")
     working_set = trace_file.summary(trace_file.read(trace)[1])["bytes"]
     shift = REPLAY_SEED_SHIFT if env.args.replay_reshuffle else 0
     nxt = dataclasses.replace(ctx, seed=ctx.seed + shift)
-    before = bl.link_counters(link)  # the replay starts at the mount, before the epoch
     try:
-        with _spoke(env, f"http://127.0.0.1:{link.port}", cache, f"{tag}-replay",
-                    ("--replay", str(trace))) as m:
-            rec = measure(env, nxt, "spoke-replay", m.path, _spoke_watch(link, m, srv))
-            m.stuck |= rec["stuck_reader"]
-            with contextlib.suppress(OSError, ValueError):
-                rec["replay"] = json.loads(os.getxattr(m.path, "user.spokefs.replay"))
-            rec["trace_bytes"] = working_set
-            rec["shuffle_seed"] = nxt.seed
-            rec["replay_link_bytes"] = bl.link_counters(link).minus(before).bytes_down
-            rec["link_per_trace_byte"] = rec["replay_link_bytes"] / working_set
-            report(env, rec)
+        with bl.open_link(srv.hub.port, ctx.spec) as link:
+            bl.drop_caches()  # before the clock starts: the replay runs from the mount on
+            at_start = bl.link_counters(link)
+            with _spoke(env, f"http://127.0.0.1:{link.port}", cache, f"{tag}-replay",
+                        ("--replay", str(trace))) as m:
+                rec = measure(env, nxt, "spoke-replay", m.path, _spoke_watch(link, m, srv),
+                              clock_start=m.proc.started)
+                m.stuck |= rec["stuck_reader"]
+                with contextlib.suppress(OSError, ValueError):
+                    rec["replay"] = json.loads(os.getxattr(m.path, "user.spokefs.replay"))
+                epoch_down = rec["link_down_at_epoch"]
+                moved = epoch_down[1] - at_start.bytes_down  # clock start to epoch end + 0.5 s
+                rec |= {"clock_start": "spokefs mount --replay launched",
+                        "mount_ready_s": m.ready_s,
+                        "link_bytes_at_clock_start": at_start.bytes_down,
+                        "link_bytes_before_epoch": epoch_down[0] - at_start.bytes_down,
+                        "link_bytes_epoch_only": rec["link_bytes"], "link_bytes": moved,
+                        "link_per_byte": moved / rec["bytes"] if rec["bytes"] else None,
+                        "trace_bytes": working_set, "shuffle_seed": nxt.seed,
+                        "replay_link_bytes": moved, "link_per_trace_byte": moved / working_set}
+                report(env, rec)
     finally:
         if not env.args.keep:
             shutil.rmtree(cache, ignore_errors=True)
