@@ -334,7 +334,7 @@ def main() -> int:
             bound = figs[("spokefs", rtt, mode, "overshoot_bound_bytes")].median() or 0
             gauge = figs.get(("spokefs", rtt, mode, "gauge_bound_bytes"))
             note = "; ".join(x for x in (
-                f"bound {bound / MIB:.1f} MiB (2 x cap x RTT + 4 MiB)",
+                f"arithmetic bound {bound / MIB:.1f} MiB",
                 f"spoke's gauge + 4 MiB {gauge.median() / MIB:.1f} MiB, not graded"
                 if gauge and gauge.median() is not None else "", note) if x)
         return (f.median() if f else None), note
