@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The Foundation figures: namespace time-to-browse and spoke-warm sequential read speed.
+"""The Foundation figures: namespace time-to-browse and warm sequential read speed.
 
 One command, bounded in time, cleaning up every process and mount it starts:
 
@@ -13,11 +13,15 @@ a. **metadata**: seconds from launching ``python3 -m spokefs mount ...`` (foregr
 b. **seqread**: ``--files`` x ``--file-mib`` MiB of random data read sequentially, one file
    after another, by Python ``readinto`` with a 1 MiB buffer. Per run, on a fresh mount with a
    fresh cache dir: cold pass (fills the spoke cache), then the local source, the in-memory
-   pyfuse3 ceiling (benchmarks/ceiling_fs.py, mounted once) and the mount again (spoke-warm),
-   with ``sync; echo 3 > /proc/sys/vm/drop_caches`` before each of these reads; then one more
-   mount read without dropping (page-cache-warm), and ``cmp`` of every file against the
-   source. Reported: MB/s (10^6 B/s) of each and the ratios spoke-warm / source and
-   spoke-warm / ceiling.
+   pyfuse3 ceiling (benchmarks/ceiling_fs.py, mounted once) and the mount again (same-mount
+   warm), with ``sync; echo 3 > /proc/sys/vm/drop_caches`` before each of these reads; then
+   one more mount read without dropping (page-cache-warm) and ``cmp`` of every file against
+   the source; then the spoke is unmounted and mounted again on the same cache dir (a fresh
+   spoke process) and, page cache dropped, the files are read once more (**warm after a
+   remount**). Reported: MB/s (10^6 B/s) of each and the ratios to source and ceiling.
+   Graded: the warm read after a remount only. The same-mount read keeps whatever LMDB
+   pages the spoke has mapped (``drop_caches`` cannot evict them), so it is reported
+   (``warm_samemount_*``), never graded.
 
 Each figure is the median of ``--runs`` runs with min and max. Without ``--delay-ms`` the spoke
 talks to hubd over loopback; with it, through benchmarks/longlink.py (then the bytes the link
@@ -77,8 +81,9 @@ SENTENCES = (f"{FOUNDATION} (issue \"Foundation\", item 5)",
 G = bl.Goal
 GOALS = (
     G(FOUNDATION, "find100k", "launch -> `find` done, 100,000 entries, s", "", 0.0),
-    G(FOUNDATION, "warm_over_source", "spoke-warm MB/s / source MB/s", "", 0.0),
-    G(WARM, "warm_over_ceiling", "spoke-warm MB/s / ceiling MB/s", ">=", 0.8),
+    G(FOUNDATION, "warm_remount_over_source", "warm after a remount: MB/s / source MB/s", "",
+      0.0),
+    G(WARM, "warm_remount_over_ceiling", "warm after a remount: MB/s / ceiling MB/s", ">=", 0.8),
     G(MILLION, "find1M", "launch -> `find` done, 1,000,000 entries, s", "<=", 10.0, (60,)),
     G(MILLION, "remount_up_browse_s", "1M remount, hub up: launch -> browsed, s", "<=", 1.0,
       (60,)),
@@ -271,15 +276,18 @@ def _timed_read(root: Path, drop: bool) -> float:
 
 
 def bench_seqread(run: Run) -> None:
-    """MB/s of the local source, the ceiling, the mount cold, spoke-warm, page-cache-warm."""
+    """MB/s of the local source, the ceiling, the mount cold, same-mount warm,
+    page-cache-warm, and warm after a remount (the graded one)."""
     args = run.args
     src = ensure_files(args.work_dir, args.files, args.file_mib)
     names = sorted(p.name for p in src.iterdir())
     size_mib = args.files * args.file_mib
     figs = run.figures("seqread", source_mbps="MB/s", ceiling_mbps="MB/s", cold_mbps="MB/s",
-                       warm_mbps="MB/s", warm_over_source="ratio", warm_over_ceiling="ratio",
-                       pagecache_mbps="MB/s", cold_link_mib="MiB", warm_link_mib="MiB",
-                       link_connections="conns")
+                       warm_remount_mbps="MB/s", warm_remount_over_source="ratio",
+                       warm_remount_over_ceiling="ratio", warm_samemount_mbps="MB/s",
+                       warm_samemount_over_source="ratio",
+                       warm_samemount_over_ceiling="ratio", pagecache_mbps="MB/s",
+                       cold_link_mib="MiB", warm_link_mib="MiB", link_connections="conns")
     cache_size = f"{max(1024, 2 * size_mib)}M"
     print(f"seqread: {args.files} x {args.file_mib} MiB in {src}, "
           f"Python readinto, {READ_BUFFER // MIB} MiB buffer", flush=True)
@@ -287,28 +295,39 @@ def bench_seqread(run: Run) -> None:
             bl.ceiling_mount(src, run.work / "ceiling", run.work / "ceiling.log",
                              run.deadline) as ceiling:
         for i in range(args.runs):  # a fresh link per run, so its counters are per run
-            with maybe_link(hub, args) as (url, link), \
-                    run_spoke(run, url, cache_size, f"spokefs seqread run {i + 1}") as spoke:
-                link0 = bl.link_counters(link).bytes_down
-                cold = _timed_read(spoke.path, drop=True)
-                link1 = bl.link_counters(link).bytes_down
-                source = _timed_read(src, drop=True)
-                top = _timed_read(ceiling.path, drop=True)
-                warm = _timed_read(spoke.path, drop=True)
-                link2 = bl.link_counters(link)
+            with maybe_link(hub, args) as (url, link):
+                with run_spoke(run, url, cache_size, f"spokefs seqread run {i + 1}",
+                               keep_cache=True) as spoke:
+                    link0 = bl.link_counters(link).bytes_down
+                    cold = _timed_read(spoke.path, drop=True)
+                    link1 = bl.link_counters(link).bytes_down
+                    source = _timed_read(src, drop=True)
+                    top = _timed_read(ceiling.path, drop=True)
+                    same = _timed_read(spoke.path, drop=True)  # same mount: not graded
+                    pagecache = _timed_read(spoke.path, drop=False)
+                    verify_prefix(src, spoke.path, [(n, (src / n).stat().st_size) for n in names])
+                # warm, graded: a fresh spoke process on the same cache dir, page cache dropped
+                with run_spoke(run, url, cache_size, f"spokefs seqread run {i + 1} remount",
+                               fresh=False) as spoke:
+                    link2 = bl.link_counters(link).bytes_down
+                    warm = _timed_read(spoke.path, drop=True)
+                    link3 = bl.link_counters(link)
                 if link is not None:
                     figs["cold_link_mib"].add((link1 - link0) / MIB)
-                    figs["warm_link_mib"].add((link2.bytes_down - link1) / MIB)
-                    figs["link_connections"].add(link2.connections)
-                pagecache = _timed_read(spoke.path, drop=False)
-                verify_prefix(src, spoke.path, [(n, (src / n).stat().st_size) for n in names])
+                    figs["warm_link_mib"].add((link3.bytes_down - link2) / MIB)
+                    figs["link_connections"].add(link3.connections)
             for key, value in [("cold_mbps", cold), ("source_mbps", source),
-                               ("ceiling_mbps", top), ("warm_mbps", warm),
-                               ("warm_over_source", warm / source),
-                               ("warm_over_ceiling", warm / top), ("pagecache_mbps", pagecache)]:
+                               ("ceiling_mbps", top), ("warm_remount_mbps", warm),
+                               ("warm_remount_over_source", warm / source),
+                               ("warm_remount_over_ceiling", warm / top),
+                               ("warm_samemount_mbps", same),
+                               ("warm_samemount_over_source", same / source),
+                               ("warm_samemount_over_ceiling", same / top),
+                               ("pagecache_mbps", pagecache)]:
                 figs[key].add(value)
             print(f"  run {i + 1}: cold {cold:.0f}, source {source:.0f}, ceiling {top:.0f}, "
-                  f"spoke-warm {warm:.0f}, page-cache-warm {pagecache:.0f} MB/s", flush=True)
+                  f"warm after a remount {warm:.0f}, same-mount warm {same:.0f} (not graded), "
+                  f"page-cache-warm {pagecache:.0f} MB/s", flush=True)
     run.check_unmount(ceiling, "ceiling_fs")
 
 

@@ -9,14 +9,18 @@ connection (benchmarks/longlink.py), side by side in one run on the same data:
   ``rclone mount :http: MNT --http-url ... --vfs-cache-mode full --cache-dir D`` (fresh D);
 - **local**: the source directory itself.
 
-Each pass gets a fresh mount behind a fresh emulator (so its counters are the pass's), and
-the kernel page cache is dropped before every cold pass. Workloads (benchmarks/workloads.py):
+Each pass gets a fresh mount behind a fresh emulator (so its counters are the pass's; rand's
+warm pass: a remount on the cold pass's cache dir), and the kernel page cache is dropped
+before every cold and warm pass. Workloads (benchmarks/workloads.py):
 
 1. **seq**: cold sequential read of large files, one reader, Python ``readinto`` with a 1 MiB
    buffer: the link's MB/s (10^6 B/s) as a fraction of the cap, link bytes per byte read.
 2. **rand**: fio 4 KiB random reads (psync, page cache on, ``--norandommap``, fixed
    ``--randseed``) over one 1 GiB file, ``--fio-jobs`` jobs: cold p50/p99 and link bytes per
-   byte read, then, page cache dropped, the same offsets again: warm p50/p99.
+   byte read; then the system is unmounted and mounted again on the same cache dir (a fresh
+   process behind a fresh emulator), and, page cache dropped, the same offsets again: warm
+   p50/p99 after a remount. Warm is never read on the mount that read cold: a live process
+   keeps the cache pages it has mapped (LMDB's) through ``drop_caches``.
 3. **small**: one shuffled pass over 10,000 files of 16-128 KiB (10 dirs of 1,000) by 4 worker
    processes taking whole files from a shared list: files/s vs the link bound
    (cap / mean file size).
@@ -120,14 +124,17 @@ class Env:
 
 
 @contextlib.contextmanager
-def mount(env: Env, system: str, rtt: int, local_root: Path) -> Iterator[Target]:
+def mount(env: Env, system: str, rtt: int, local_root: Path, where: Path | None = None,
+          keep_cache: bool = False) -> Iterator[Target]:
     """The system's view of the data: the local source, or a fresh mount behind a fresh
-    emulator (spokefs: in front of hubd; rclone: in front of ``rclone serve http``)."""
+    emulator (spokefs: in front of hubd; rclone: in front of ``rclone serve http``).
+    ``where``: the dir of a previous mount whose cache to mount again (a remount: a fresh
+    process on that cache); ``keep_cache``: leave the cache for such a remount."""
     if system == "local":
         yield Target("local", local_root, launched=time.perf_counter())
         return
     args = env.args
-    where = Path(tempfile.mkdtemp(dir=env.run_dir, prefix=f"{system}-"))
+    where = where or Path(tempfile.mkdtemp(dir=env.run_dir, prefix=f"{system}-"))
     env.mounts.append(where / "mnt")
     if system == "spokefs":
         assert env.hub is not None
@@ -137,14 +144,16 @@ def mount(env: Env, system: str, rtt: int, local_root: Path) -> Iterator[Target]
         assert env.rclone is not None
         server_pid, port = env.rclone[0].pid, env.rclone[1]
         daemon, server, hub_metrics = "rclone-mount", "rclone-serve", None
+    log = "remount.log" if (where / "cache").exists() else "mount.log"
     try:
         with bl.open_link(port, bl.LinkSpec(rtt, args.rate_mbit, args.window_bytes)) as link:
             url = f"http://127.0.0.1:{link.port}"
             if system == "spokefs":
-                cm = bl.spoke_mount(url, where / "mnt", where / "cache", where / "spokefs.log",
-                                    env.deadline, extra_args=args.spoke_arg, start_timeout_s=600)
+                cm = bl.spoke_mount(url, where / "mnt", where / "cache",
+                                    where / f"spokefs-{log}", env.deadline,
+                                    extra_args=args.spoke_arg, start_timeout_s=600)
             else:
-                cm = bl.rclone_mount(url, where / "mnt", where / "cache", where / "rclone.log",
+                cm = bl.rclone_mount(url, where / "mnt", where / "cache", where / f"rclone-{log}",
                                      env.deadline, extra_args=args.rclone_arg)
             assert link.proc is not None
             with cm as m:
@@ -163,7 +172,7 @@ def mount(env: Env, system: str, rtt: int, local_root: Path) -> Iterator[Target]
         with contextlib.suppress(OSError):
             if not bl.is_mounted(where / "mnt"):
                 (where / "mnt").rmdir()
-        if not args.keep:
+        if not args.keep and not keep_cache:
             shutil.rmtree(where / "cache", ignore_errors=True)
 
 
@@ -239,18 +248,22 @@ def bench_rand(env: Env, data: Data, rtt: int, res: Results) -> None:
     reads = args.rand_reads[0] if rtt <= 100 else args.rand_reads[1]
     for run in range(args.runs):
         for system in env.systems(rtt, "rand"):
-            with mount(env, system, rtt, data.root) as t:
-                target, logs = t.path / data.rand, env.run_dir / "fio"
-                per_job = max(1, reads // args.fio_jobs)
+            where = (None if system == "local"
+                     else Path(tempfile.mkdtemp(dir=env.run_dir, prefix=f"{system}-")))
+            logs, per_job = env.run_dir / "fio", max(1, reads // args.fio_jobs)
+            with mount(env, system, rtt, data.root, where, keep_cache=True) as t:
                 bl.drop_caches()
                 probe = Probe(t).start()
-                cold = wl.run_fio(target, per_job, args.fio_jobs, args.budget_s, logs)
+                cold = wl.run_fio(t.path / data.rand, per_job, args.fio_jobs, args.budget_s,
+                                  logs)
                 cinfo = probe.stop()
-                # the same offsets again: as many per job as the slowest job did cold
+            # warm, after a remount (a fresh process on the same cache, page cache dropped):
+            # the same offsets again, as many per job as the slowest job did cold
+            with mount(env, system, rtt, data.root, where) as t:
                 bl.drop_caches()
                 probe = Probe(t).start()
-                warm = wl.run_fio(target, max(1, min(cold["per_job_done"])), args.fio_jobs,
-                                  args.budget_s, logs)
+                warm = wl.run_fio(t.path / data.rand, max(1, min(cold["per_job_done"])),
+                                  args.fio_jobs, args.budget_s, logs)
                 winfo = probe.stop(settle_s=0.5)
             lpb = _per_byte(cinfo, cold["bytes"])
             capped = cold["reads"] < cold["planned_reads"]
@@ -258,13 +271,14 @@ def bench_rand(env: Env, data: Data, rtt: int, res: Results) -> None:
                 env.capped.add((rtt, "rand", system))
             res.add(rtt, "rand", system, cold_p50_ms=cold["p50_ms"], cold_p99_ms=cold["p99_ms"],
                     capped=float(capped), cold_link_per_byte=lpb, cold_reads=cold["reads"],
-                    warm_p50_ms=warm["p50_ms"], warm_p99_ms=warm["p99_ms"],
-                    warm_link_bytes=winfo.get("link_bytes_down"))
-            res.record(rtt, "rand", system, run, cold=cold, cold_probe=cinfo, warm=warm,
-                       warm_probe=winfo)
+                    warm_remount_p50_ms=warm["p50_ms"], warm_remount_p99_ms=warm["p99_ms"],
+                    warm_remount_link_bytes=winfo.get("link_bytes_down"))
+            res.record(rtt, "rand", system, run, cold=cold, cold_probe=cinfo, warm_remount=warm,
+                       warm_remount_probe=winfo)
             print(f"{_stamp()} rand {system:8s} run {run + 1}: cold {cold['reads']} reads p50 "
                   f"{cold['p50_ms']:.2f} p99 {cold['p99_ms']:.2f} ms, link/byte {_r(lpb, 2)}; "
-                  f"warm p50 {warm['p50_ms']:.3f} p99 {warm['p99_ms']:.3f} ms, warm link bytes "
+                  f"warm after a remount p50 {warm['p50_ms']:.3f} p99 {warm['p99_ms']:.3f} ms, "
+                  f"warm link bytes "
                   f"{winfo.get('link_bytes_down')}; cpu {cinfo['cpu_pct']}", flush=True)
 
 

@@ -48,9 +48,11 @@ GOALS = (
     G(AHEAD, "small/rclone", "small cold: files/s, spokefs / rclone", ">", 1.0, BOTH),
     G(RAND, "rand_cold_rtt", "rand cold: p99 / RTT", "<=", 3.0, BOTH),
     G(AHEAD, "rand_cold/rclone", "rand cold: p99, spokefs / rclone", "<", 1.0, BOTH),
-    G(RAND, "rand_warm", "rand warm: p99 ms", "<", 1.0, BOTH),
-    G(WARM4, "rand_warm4", "rand warm, 4 fio jobs: p99 ms", "<", 1.0),
-    G(WARM4, "rand_warm4/rclone", "rand warm, 4 fio jobs: p99, spokefs / rclone", "<=", 1.0),
+    # warm = after a remount (a fresh process on the cold pass's cache, page cache dropped)
+    G(RAND, "rand_warm", "rand warm, after a remount: p99 ms", "<", 1.0, BOTH),
+    G(WARM4, "rand_warm4", "rand warm, after a remount, 4 fio jobs: p99 ms", "<", 1.0),
+    G(WARM4, "rand_warm4/rclone", "rand warm, after a remount, 4 fio jobs: p99, spokefs / "
+      "rclone", "<=", 1.0),
     G(META, "meta10k", "mount -> `find` done, 10,000 entries, s", "", 0.0, (60,)),
     G(AHEAD, "meta10k/rclone", "mount -> `find` done, 10,000 entries, spokefs / rclone",
       "<", 1.0, (60,)),
@@ -61,7 +63,7 @@ GOAL_FIGURES = {
     "seq_link": ("seq", "link_frac_cap"), "seq_bytes": ("seq", "link_per_byte"),
     "rand_bytes": ("rand", "cold_link_per_byte"), "small": ("small", "frac_bound"),
     "rand_cold": ("rand", "cold_p99_ms"), "rand_cold_rtt": ("rand", "cold_p99_ms"),
-    "rand_warm": ("rand", "warm_p99_ms"), "rand_warm4": ("rand", "warm_p99_ms"),
+    "rand_warm": ("rand", "warm_remount_p99_ms"), "rand_warm4": ("rand", "warm_remount_p99_ms"),
     "meta10k": ("meta10k", "seconds"), "meta1M": ("meta1M", "seconds"),
 }
 
@@ -113,8 +115,8 @@ def table_rows(res: Results, rtt: int) -> list[list[str]]:
     row("rand 4K cold p50 ms", "rand", "cold_p50_ms", "{:.1f}")
     row("rand 4K cold p99 ms", "rand", "cold_p99_ms", "{:.1f}")
     row("rand 4K cold link bytes / byte read", "rand", "cold_link_per_byte", "{:.2f}")
-    row("rand 4K warm p50 ms", "rand", "warm_p50_ms", "{:.3f}")
-    row("rand 4K warm p99 ms", "rand", "warm_p99_ms", "{:.3f}")
+    row("rand 4K warm (after a remount) p50 ms", "rand", "warm_remount_p50_ms", "{:.3f}")
+    row("rand 4K warm (after a remount) p99 ms", "rand", "warm_remount_p99_ms", "{:.3f}")
     row("small files/s cold [x bound]", "small", "files_per_s", "{:.0f}", ratio="frac_bound")
     row("small link bytes / byte read", "small", "link_per_byte", "{:.3f}")
     for name in sorted(k for k in res.figs.get(rtt, {}) if k.startswith("meta")):

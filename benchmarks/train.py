@@ -11,8 +11,11 @@ read error is a mismatch; any mismatch makes the benchmark exit 1). Configuratio
 
 - ``local``: the dataset directory on local disk;
 - ``spoke-cold``: hubd -> longlink -> a fresh ``spokefs mount`` with an empty cache dir;
-- ``spoke-warm``: the same mount's second epoch;
-- ``spoke-remount``: unmounted, mounted again on the same cache dir, one epoch;
+- ``spoke-warm``: the same mount's second epoch: page-cache-warm (the drop cannot evict the
+  LMDB pages the spoke has mapped), so it is shown, labelled "same mount", and graded against
+  nothing;
+- ``spoke-remount``: unmounted, mounted again on the same cache dir (a fresh spoke process,
+  page cache dropped), one epoch: every warm figure graded against a goal is this one;
 - ``ceiling``: the same files from benchmarks/ceiling_fs.py, a minimal in-memory pyfuse3
   filesystem (what FUSE served by Python can do on this machine);
 - ``copy-first``: 16 parallel HTTP GETs of whole files from hubd through the link (after one
@@ -22,12 +25,17 @@ read error is a mismatch; any mismatch makes the benchmark exit 1). Configuratio
   full`` (skipped with a note where rclone is not installed);
 - ``spoke-replay``: the second run of the job on a fresh node: after the spoke-cold and
   spoke-warm epochs, ``spokefs trace save`` exports the mount's access trace, and a fresh
-  ``spokefs mount --replay TRACE`` (empty cache dir, same link) runs one epoch at once, in
-  the same order as the traced run (a rerun of the same seeded job; ``--replay-reshuffle``
-  shuffles it with another seed instead), while the replay fetches the trace's working set
-  in the background. Its figures: samples/s after the first 100 batches over spoke-warm's
-  (same run and mode), epoch time over local, link bytes from the mount to the end of the
-  epoch over the trace's working set, and the p99 of reads that waited for the hub
+  ``spokefs mount --replay TRACE`` (empty cache dir, a fresh emulator with the same settings)
+  runs one epoch at once, in the same order as the traced run (a rerun of the same seeded
+  job; ``--replay-reshuffle`` shuffles it with another seed instead), while the replay
+  fetches the trace's working set in the background. The replay moves bytes from the mount
+  on, so its clock starts when that mount command is launched (the page cache dropped
+  before; the emulator's counter then is recorded, 0 on a fresh one): its epoch time and
+  link bytes count from there, the mount included. Its figures: samples/s after the first
+  100 batches over spoke-remount's
+  (the warm rate after a remount, same run and mode; over spoke-warm's, for information),
+  epoch time over local, link bytes from the mount to the end of the epoch over the trace's
+  working set, and the p99 of reads that waited for the hub
   (``spokefs_read_miss_seconds``) over spoke-cold's (the same mount without a replay);
 - ``bucket-cold``: ``hubd serve s3://BUCKET`` -> longlink (its own) -> a fresh ``spokefs
   mount``, one cold epoch; the dataset is uploaded once per RTT to a real SeaweedFS (``weed
@@ -152,16 +160,16 @@ GOALS = (
             "<=", 1.02),
     bl.Goal(ISSUE_GOALS[1], "cold_train_epoch", "spoke-cold, train: epoch s / local epoch s",
             "<=", 1.10, (60,)),
-    bl.Goal(ISSUE_GOALS[1], "warm_train", "spoke-warm, train: samples/s / local", ">=", 0.99),
-    bl.Goal(ISSUE_GOALS[1], "remount_train", "spoke-remount, train: samples/s / local",
-            ">=", 0.99),
+    # "warm and after a remount": the warm figure graded is the one after a remount (a fresh
+    # spoke, page cache dropped); spoke-warm (same mount) keeps the LMDB pages it has mapped
+    bl.Goal(ISSUE_GOALS[1], "remount_train", "spoke-remount (warm, after a remount), train: "
+            "samples/s / local", ">=", 0.99),
     bl.Goal(ISSUE_GOALS[2], "remount_io_ceiling", "spoke-remount, io: samples/s / ceiling",
             ">=", 0.8),
-    bl.Goal(ISSUE_GOALS[3], "hit_warm", "spoke-warm: block hit ratio (worst mode)", ">=", 0.99),
     bl.Goal(ISSUE_GOALS[3], "hit_remount", "spoke-remount: block hit ratio (worst mode)",
             ">=", 0.99),
     bl.Goal(ISSUE_GOALS[4], "replay_after", "spoke-replay, train: samples/s after batch 100 "
-            "/ spoke-warm's", ">=", 0.95, (60,)),
+            "/ spoke-remount's (the warm rate after a remount)", ">=", 0.95, (60,)),
     bl.Goal(ISSUE_GOALS[4], "replay_epoch", "spoke-replay, train: epoch s / local epoch s",
             "<=", 1.05, (60,)),
     bl.Goal(ISSUE_GOALS[5], "replay_link", "spoke-replay: link bytes / trace working set "
@@ -504,14 +512,20 @@ class Ctx:
 
 
 def measure(env: Env, ctx: Ctx, config: str, root: Path, watch: Watch,
-            budget_s: float | None = None, copy: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Drop the page cache, run one epoch over root while watching, return its record."""
+            budget_s: float | None = None, copy: dict[str, Any] | None = None,
+            clock_start: float | None = None) -> dict[str, Any]:
+    """Drop the page cache, run one epoch over root while watching, return its record.
+    ``clock_start`` (a ``perf_counter``, for spoke-replay: the mount command's launch): the
+    caller dropped the page cache before it, and the epoch's clock starts there, so the
+    time from it to the epoch counts (as copy-first's copy does)."""
     budget = env.deadline.timeout(budget_s or env.args.epoch_budget_s)
-    bl.drop_caches()
+    if clock_start is None:
+        bl.drop_caches()
     l0, k0 = bl.link_counters(watch.link), block_counts(watch.metrics_url)
     h0 = bl.scrape(watch.metrics_url, (MISS_HIST,))
     cpu = bl.CpuMeter(watch.pids())
     sampler = Sampler(watch)
+    pre_s = time.perf_counter() - clock_start if clock_start is not None else 0.0
     ep, stuck = run_epoch(root, ctx.ds, ctx.seed, ctx.mode, env.args, budget)
     series = sampler.stop()
     cpu_out = cpu.stop()
@@ -519,7 +533,9 @@ def measure(env: Env, ctx: Ctx, config: str, root: Path, watch: Watch,
         time.sleep(0.5)  # bytes still on their way
     l1, k1 = bl.link_counters(watch.link), block_counts(watch.metrics_url)
     h1 = bl.scrape(watch.metrics_url, (MISS_HIST,))
-    rec = epoch_record(ctx, config, ep, copy)
+    rec = epoch_record(ctx, config, ep, copy, pre_s)
+    if clock_start is not None:
+        rec["pre_epoch_s"] = pre_s  # from the clock's start to the loader's creation
     if h1:
         p99 = histogram_quantile(0.99, h0, h1)
         rec["miss_p99_ms"] = p99 * 1000 if p99 is not None else None
@@ -528,6 +544,7 @@ def measure(env: Env, ctx: Ctx, config: str, root: Path, watch: Watch,
         moved = l1.minus(l0).bytes_down + (copy or {}).get("link_bytes", 0)
         rec["link_bytes"] = moved
         rec["link_per_byte"] = moved / ep.nbytes if ep.nbytes else None
+        rec["link_down_at_epoch"] = [l0.bytes_down, l1.bytes_down]  # the emulator's counter
     if k0 is not None and k1 is not None:
         hits, misses = k1[0] - k0[0], k1[1] - k0[1]
         rec["hit_ratio"] = hits / (hits + misses) if hits + misses else None
@@ -538,9 +555,11 @@ def measure(env: Env, ctx: Ctx, config: str, root: Path, watch: Watch,
     return rec
 
 
-def epoch_record(ctx: Ctx, config: str, ep: Epoch, copy: dict[str, Any] | None) -> dict[str, Any]:
-    """The figures of one epoch (for copy-first, the copy's time comes first)."""
-    pre = copy["seconds"] if copy else 0.0
+def epoch_record(ctx: Ctx, config: str, ep: Epoch, copy: dict[str, Any] | None,
+                 pre_s: float = 0.0) -> dict[str, Any]:
+    """The figures of one epoch (for copy-first, the copy's time comes first; for
+    spoke-replay, ``pre_s``: the time from the mount command to the epoch)."""
+    pre = (copy["seconds"] if copy else 0.0) + pre_s
     seconds = pre + ep.seconds
     rate = ep.samples / seconds if seconds else 0.0
     shifted = Epoch(ep.planned, ep.samples, ep.nbytes, seconds, ep.wait_s + pre,
@@ -635,6 +654,10 @@ def report(env: Env, rec: dict[str, Any]) -> None:
     if rec.get("hit_ratio") is not None:
         bits.append(f"hits {rec['hit_ratio']:.3f}")
     bits.append(f"waited {rec['wait_frac']:.2f}")
+    if "link_bytes_at_clock_start" in rec:
+        bits.append(f"clock from the mount's launch (link {rec['link_bytes_at_clock_start']} B "
+                    f"then; {rec['link_bytes_before_epoch'] / 1e6:.1f} MB in the "
+                    f"{rec['pre_epoch_s']:.1f} s before the loader)")
     if rec["cut"]:
         bits.append(f"CUT ({rec['cut'][:60]})")
     if rec["mismatches"]:
@@ -710,8 +733,8 @@ def run_spoke(env: Env, ctx: Ctx, srv: Servers) -> None:
                     rec = measure(env, ctx, "spoke-remount", m.path, _spoke_watch(link, m, srv))
                     m.stuck |= rec["stuck_reader"]
                     report(env, rec)
-            if env.want("spoke-replay"):
-                run_replay(env, ctx, srv, link, trace, tag)
+        if env.want("spoke-replay"):
+            run_replay(env, ctx, srv, trace, tag)
     finally:
         if not env.args.keep:
             shutil.rmtree(cache, ignore_errors=True)
@@ -729,27 +752,40 @@ def save_trace(env: Env, m: bl.Mount, tag: str) -> Path:
     return trace
 
 
-def run_replay(env: Env, ctx: Ctx, srv: Servers, link: LongLinkProcess, trace: Path,
-               tag: str) -> None:
-    """The next run on a fresh node: an empty cache, ``--replay`` of the trace, one epoch
-    (in another order) at once."""
+def run_replay(env: Env, ctx: Ctx, srv: Servers, trace: Path, tag: str) -> None:
+    """The next run on a fresh node: an empty cache, ``--replay`` of the trace, one epoch at
+    once. The replay moves bytes from the mount on, so the clock starts when ``spokefs mount
+    --replay`` is launched (the page cache dropped before), behind a fresh emulator (same
+    settings) whose byte counter at that moment is recorded: ``link_bytes_at_clock_start``,
+    0 unless something crossed before the clock. Epoch seconds, samples/s and link bytes
+    count from there (``pre_epoch_s``: mount to loader; ``link_bytes_before_epoch``: what the
+    replay moved by then, inside the clock)."""
     cache = env.new_dir(f"cache-replay-{ctx.rtt}-{ctx.mode}-{ctx.run}-")
     working_set = trace_file.summary(trace_file.read(trace)[1])["bytes"]
     shift = REPLAY_SEED_SHIFT if env.args.replay_reshuffle else 0
     nxt = dataclasses.replace(ctx, seed=ctx.seed + shift)
-    before = bl.link_counters(link)  # the replay starts at the mount, before the epoch
     try:
-        with _spoke(env, f"http://127.0.0.1:{link.port}", cache, f"{tag}-replay",
-                    ("--replay", str(trace))) as m:
-            rec = measure(env, nxt, "spoke-replay", m.path, _spoke_watch(link, m, srv))
-            m.stuck |= rec["stuck_reader"]
-            with contextlib.suppress(OSError, ValueError):
-                rec["replay"] = json.loads(os.getxattr(m.path, "user.spokefs.replay"))
-            rec["trace_bytes"] = working_set
-            rec["shuffle_seed"] = nxt.seed
-            rec["replay_link_bytes"] = bl.link_counters(link).minus(before).bytes_down
-            rec["link_per_trace_byte"] = rec["replay_link_bytes"] / working_set
-            report(env, rec)
+        with bl.open_link(srv.hub.port, ctx.spec) as link:
+            bl.drop_caches()  # before the clock starts: the replay runs from the mount on
+            at_start = bl.link_counters(link)
+            with _spoke(env, f"http://127.0.0.1:{link.port}", cache, f"{tag}-replay",
+                        ("--replay", str(trace))) as m:
+                rec = measure(env, nxt, "spoke-replay", m.path, _spoke_watch(link, m, srv),
+                              clock_start=m.proc.started)
+                m.stuck |= rec["stuck_reader"]
+                with contextlib.suppress(OSError, ValueError):
+                    rec["replay"] = json.loads(os.getxattr(m.path, "user.spokefs.replay"))
+                epoch_down = rec["link_down_at_epoch"]
+                moved = epoch_down[1] - at_start.bytes_down  # clock start to epoch end + 0.5 s
+                rec |= {"clock_start": "spokefs mount --replay launched",
+                        "mount_ready_s": m.ready_s,
+                        "link_bytes_at_clock_start": at_start.bytes_down,
+                        "link_bytes_before_epoch": epoch_down[0] - at_start.bytes_down,
+                        "link_bytes_epoch_only": rec["link_bytes"], "link_bytes": moved,
+                        "link_per_byte": moved / rec["bytes"] if rec["bytes"] else None,
+                        "trace_bytes": working_set, "shuffle_seed": nxt.seed,
+                        "replay_link_bytes": moved, "link_per_trace_byte": moved / working_set}
+                report(env, rec)
     finally:
         if not env.args.keep:
             shutil.rmtree(cache, ignore_errors=True)
@@ -1044,8 +1080,11 @@ def finish_run(env: Env, ctx: Ctx) -> None:
             rec["ratio_ceiling"] = rec["samples_per_s"] / ceiling["samples_per_s"]
     by = {r["config"]: r for r in mine}
     replay, warm, cold = by.get("spoke-replay"), by.get("spoke-warm"), by.get("spoke-cold")
+    remount = by.get("spoke-remount")
+    if replay and remount and replay.get("rate_after") and remount.get("rate_after"):
+        replay["after_over_remount"] = replay["rate_after"] / remount["rate_after"]  # graded
     if replay and warm and replay.get("rate_after") and warm.get("rate_after"):
-        replay["after_over_warm"] = replay["rate_after"] / warm["rate_after"]
+        replay["after_over_warm"] = replay["rate_after"] / warm["rate_after"]  # same mount
     if replay and cold and replay.get("miss_p99_ms") and cold.get("miss_p99_ms"):
         replay["p99_over_cold"] = replay["miss_p99_ms"] / cold["miss_p99_ms"]
 
@@ -1061,6 +1100,7 @@ def figure(env: Env, rtt: int, mode: str, config: str, key: str) -> bl.Figure:
     return fig
 
 
+SAME_MOUNT = " (same mount)"  # spoke-warm's label in the tables: page-cache-warm, not graded
 COLUMNS: tuple[tuple[str, str, str], ...] = (  # (heading, record key, format)
     ("samples/s", "samples_per_s", "{:.0f}"),
     ("x local", "ratio_local", "{:.2f}"),
@@ -1073,7 +1113,8 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (  # (heading, record key, format)
     ("x link bound", "frac_bound", "{:.2f}"),
     ("hit ratio", "hit_ratio", "{:.3f}"),
     (f"after {AFTER_BATCHES} batches /s", "rate_after", "{:.0f}"),
-    ("x warm after 100", "after_over_warm", "{:.2f}"),
+    ("x remount after 100", "after_over_remount", "{:.2f}"),
+    ("x same-mount warm after 100", "after_over_warm", "{:.2f}"),
     ("link B / trace B", "link_per_trace_byte", "{:.3f}"),
     ("miss read p99 ms", "miss_p99_ms", "{:.0f}"),
     ("x cold p99", "p99_over_cold", "{:.2f}"),
@@ -1091,7 +1132,7 @@ def table(env: Env, rtt: int, mode: str) -> str | None:
             continue
         cut = any(r["cut"] for r in env.records
                   if (r["rtt_ms"], r["mode"], r["config"]) == (rtt, mode, config))
-        cells = [f"{config}{' *' if cut else ''}"]
+        cells = [f"{config}{SAME_MOUNT if config == 'spoke-warm' else ''}{' *' if cut else ''}"]
         cells += [figure(env, rtt, mode, config, key).text(fmt) for _, key, fmt in COLUMNS]
         rows.append(cells)
     if not rows:
@@ -1104,6 +1145,11 @@ def table(env: Env, rtt: int, mode: str) -> str | None:
     if any(r[0].endswith("*") for r in rows):
         text += ("\n\n\\* an epoch cut at its budget: the rate is over what it read "
                  "(rclone: not run again at that RTT)")
+    if any(r[0].startswith("spoke-warm") for r in rows):
+        text += ("\n\nspoke-warm" + SAME_MOUNT + ": the same mount's second epoch; the page "
+                 "cache was dropped but the LMDB pages the spoke has mapped stay resident "
+                 "(page-cache-warm). Graded against nothing: the warm goals are graded on "
+                 "spoke-remount (a fresh spoke, page cache dropped).")
     return text
 
 
@@ -1120,8 +1166,6 @@ def goal_value(env: Env, goal: bl.Goal, rtt: int) -> tuple[float | None, str]:
         return med("io", "spoke-cold", "link_per_byte"), ""
     if goal.key == "cold_train_epoch":
         return med("train", "spoke-cold", "epoch_over_local"), ""
-    if goal.key == "warm_train":
-        return med("train", "spoke-warm", "ratio_local"), ""
     if goal.key == "remount_train":
         return med("train", "spoke-remount", "ratio_local"), ""
     if goal.key == "remount_io_ceiling":
@@ -1129,15 +1173,18 @@ def goal_value(env: Env, goal: bl.Goal, rtt: int) -> tuple[float | None, str]:
         note = f"ratio to local {local:.2f}" if local is not None else ""
         return med("io", "spoke-remount", "ratio_ceiling"), note
     if goal.key == "replay_after":
-        return med("train", "spoke-replay", "after_over_warm"), ""
+        value = med("train", "spoke-replay", "after_over_remount")
+        if value is None and not env.want("spoke-remount"):
+            return None, "needs spoke-remount (the warm rate after a remount) in --only"
+        same = med("train", "spoke-replay", "after_over_warm")
+        return value, f"x same-mount warm {same:.2f}, not graded" if same is not None else ""
     if goal.key == "replay_epoch":
         return med("train", "spoke-replay", "epoch_over_local"), ""
     if goal.key in ("replay_link", "replay_p99"):
         key = "link_per_trace_byte" if goal.key == "replay_link" else "p99_over_cold"
         vals = [v for m in MODES if (v := med(m, "spoke-replay", key)) is not None]
         return (max(vals) if vals else None), ""
-    config = "spoke-warm" if goal.key == "hit_warm" else "spoke-remount"
-    vals = [v for m in MODES if (v := med(m, config, "hit_ratio")) is not None]
+    vals = [v for m in MODES if (v := med(m, "spoke-remount", "hit_ratio")) is not None]
     return (min(vals) if vals else None), ""
 
 

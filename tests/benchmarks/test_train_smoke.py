@@ -56,6 +56,10 @@ def test_train_smoke(tmp_path: Path) -> None:
     replay = next(e for e in epochs if e["config"] == "spoke-replay")
     assert replay["trace_bytes"] == cold["bytes"], replay  # the trace names every file read
     assert replay["replay"]["state"] == "done" and replay["replay"]["missing"] == 0, replay
+    # the replay's clock starts at its mount command, before any byte crossed its link
+    assert replay["link_bytes_at_clock_start"] == 0, replay
+    assert replay["pre_epoch_s"] >= replay["mount_ready_s"] > 0, replay
+    assert replay["link_bytes"] >= replay["trace_bytes"], replay  # counted from the clock
     assert record["commit"] and record["kernel"], record
     assert isinstance(record["dirty"], bool), record
 
