@@ -25,7 +25,8 @@ from spokefs.fuse_errors import fuse_errors
 from spokefs.inode_streams import InodeStreams
 from spokefs.namespace import Attr, Namespace
 from spokefs.page_cache import PageCachePolicy
-from spokefs.reader import Reader, Stream
+from spokefs.reader import Reader
+from spokefs.stream import Stream
 from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)

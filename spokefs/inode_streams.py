@@ -27,7 +27,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from spokefs.namespace import Namespace
-from spokefs.reader import Reader, Stream
+from spokefs.reader import Reader
+from spokefs.stream import Stream
 from spokefs.types import FileVersion
 
 _TRACKED = 4096

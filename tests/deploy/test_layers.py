@@ -1,6 +1,7 @@
 """The layers of the code base: hubd and the protocol import without pyfuse3, trio or LMDB
 (a hub host runs without FUSE); the spoke's modules import nothing of hubd; only the FUSE
-layer imports pyfuse3, so the CLI runs without it."""
+layer imports pyfuse3, so the CLI runs without it; no import cycles (TYPE_CHECKING ones
+included)."""
 
 from __future__ import annotations
 
@@ -87,3 +88,114 @@ def test_the_spoke_imports_nothing_of_hubd() -> None:
             if any(n == "hubd" or n.startswith("hubd.") for n in names):
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not offenders, offenders
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in ("spokefs", "hubd")
+            for p in sorted((REPO / pkg).rglob("*.py"))}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _module_imports(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+    """The imports a module runs when loaded, and those under ``if TYPE_CHECKING:`` (a cycle
+    there is a cycle of the design, whether or not Python meets it); not those in functions."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif isinstance(node, ast.If):
+            found += _module_imports(node.body if _is_type_checking(node.test)
+                                     else node.body + node.orelse)
+        elif isinstance(node, ast.Try):
+            found += _module_imports(node.body + node.orelse + node.finalbody
+                                     + [s for h in node.handlers for s in h.body])
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the spokefs and hubd modules it imports (``from X import Y``: X, and X.Y when
+    Y is a module)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: list[str] = []
+        for node in _module_imports(ast.parse(path.read_text()).body):
+            if isinstance(node, ast.Import):
+                targets += [a.name for a in node.names]
+                continue
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[:len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            targets += [base] + [f"{base}.{a.name}" for a in node.names]
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle through each strongly connected component of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    components: list[set[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    cycles = []
+    for component in components:  # the shortest way back to its first module, breadth first
+        start = min(component)
+        came_from: dict[str, str] = {}
+        frontier = [start]
+        while start not in came_from:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v] & component):
+                    if w not in came_from:
+                        came_from[w] = v
+                        nxt.append(w)
+            frontier = nxt
+        cycle = [start]
+        while cycle[-1] != start or len(cycle) == 1:
+            cycle.append(came_from[cycle[-1]])
+        cycles.append(cycle[::-1])
+    return cycles
+
+
+def test_the_graph_sees_type_checking_and_relative_imports() -> None:
+    graph = _import_graph()
+    assert "spokefs.prefetcher" in graph["spokefs.reader"]  # under TYPE_CHECKING
+    assert "spokefs.protocol.base" in graph["spokefs.protocol"]  # relative, from . import
+    assert "spokefs.metrics" in graph["spokefs.fuse_errors"]  # from spokefs import metrics
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_no_import_cycles() -> None:
+    cycles = _cycles(_import_graph())
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
