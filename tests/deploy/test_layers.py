@@ -1,7 +1,7 @@
 """The layers of the code base: hubd and the protocol import without pyfuse3, trio or LMDB
 (a hub host runs without FUSE); the spoke's modules import nothing of hubd; only the FUSE
 layer imports pyfuse3, so the CLI runs without it; no import cycles (TYPE_CHECKING ones
-included)."""
+included); no private name imported from another module."""
 
 from __future__ import annotations
 
@@ -199,3 +199,17 @@ def test_no_import_cycles() -> None:
     cycles = _cycles(_import_graph())
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
 
+
+
+def test_no_private_name_is_imported_from_another_module() -> None:
+    offenders = []
+    for path in _modules().values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                private = [a.name for a in node.names
+                           if a.name.startswith("_") and not a.name.startswith("__")]
+                if private:
+                    offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: "
+                                     f"from {'.' * node.level}{node.module or ''} import "
+                                     f"{', '.join(private)}")
+    assert not offenders, "\n".join(offenders)
