@@ -254,9 +254,9 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
 
 
 def _open_mode(asked: str) -> str:
-    import pyfuse3  # only mounting needs it
+    from spokefs.kernel import reads_by_inode  # the FUSE layer (pyfuse3): only mounting needs it
 
-    supported = bool(getattr(pyfuse3, "SPOKEFS_READ_INODE", False))
+    supported = reads_by_inode()
     if asked == "kernel" and not supported:
         raise UserError("--open-mode kernel needs the pyfuse3 that deploy/build-pyfuse3.sh "
                         "builds (this one cannot tell which file a read is for)")

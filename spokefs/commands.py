@@ -1,5 +1,6 @@
 """``spokefs status``, ``refresh`` and ``warm``: clients of a running mount's control
 attributes (see ``control``). Plain threads and blocking calls: no trio, no pyfuse3.
+``read_attribute``, ``human_bytes`` and ``regular_files`` serve ``job_commands`` too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ _REFRESH = "user.spokefs.refresh"
 _WARM = "user.spokefs.warm"
 
 
-def _xattr(path: Path, name: str) -> str:
+def read_attribute(path: Path, name: str) -> str:
+    """A control attribute of ``path`` on a mount, as text.
+
+    Raises:
+        UserError: no such path, not on a spokefs mount, or the mount's answer is an error.
+    """
     try:
         return os.getxattr(path, name).decode()
     except FileNotFoundError:
@@ -34,7 +40,8 @@ def _xattr(path: Path, name: str) -> str:
         raise UserError(f"{name} on {path} failed: {exc.strerror}; see the mount's log") from None
 
 
-def _human(n: float) -> str:
+def human_bytes(n: float) -> str:
+    """``n`` bytes for a person: ``512 B``, ``1.5 MiB``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
@@ -43,35 +50,41 @@ def _human(n: float) -> str:
 
 
 def status(path: Path) -> int:
-    info = json.loads(_xattr(path, _STATUS))
-    cached, total = (int(x) for x in _xattr(path, _CACHED).split())
+    info = json.loads(read_attribute(path, _STATUS))
+    cached, total = (int(x) for x in read_attribute(path, _CACHED).split())
     ratio = info["hit_ratio"]
     print(f"namespace:  generation {info['generation']}, {info['entries']} entries, "
-          f"{_human(info['namespace_bytes'])}")
-    print(f"cache:      {_human(info['cache_bytes'])} of {_human(info['cache_capacity_bytes'])}")
+          f"{human_bytes(info['namespace_bytes'])}")
+    print(f"cache:      {human_bytes(info['cache_bytes'])} of "
+          f"{human_bytes(info['cache_capacity_bytes'])}")
     if "pinned_limit_bytes" in info:
-        print(f"pinned:     {_human(info['pinned_bytes'])} of at most "
-              f"{_human(info['pinned_limit_bytes'])}")
+        print(f"pinned:     {human_bytes(info['pinned_bytes'])} of at most "
+              f"{human_bytes(info['pinned_limit_bytes'])}")
         records = info["trace_records"]
         print(f"trace:      {'off' if records is None else f'{records} records'}")
         r = info["replay"]
         if r["state"] != "idle":
             share = f"{r['done_bytes'] / r['total_bytes']:.1%}" if r["total_bytes"] else "-"
-            print(f"replay:     {r['name']}: {r['state']}, {_human(r['done_bytes'])} of "
-                  f"{_human(r['total_bytes'])} ({share})")
+            print(f"replay:     {r['name']}: {r['state']}, {human_bytes(r['done_bytes'])} of "
+                  f"{human_bytes(r['total_bytes'])} ({share})")
     print(f"hit ratio:  {'-' if ratio is None else f'{ratio:.1%}'} "
           f"({info['block_hits']} block hits, {info['block_misses']} misses since mount)")
     share = f"{cached / total:.1%}" if total else "-"
-    print(f"{path}: {_human(cached)} of {_human(total)} cached ({share})")
+    print(f"{path}: {human_bytes(cached)} of {human_bytes(total)} cached ({share})")
     return 0
 
 
 def refresh(path: Path) -> int:
-    print(f"spokefs: namespace at generation {_xattr(path, _REFRESH)}")
+    print(f"spokefs: namespace at generation {read_attribute(path, _REFRESH)}")
     return 0
 
 
-def _files(paths: list[Path]) -> Iterator[tuple[Path, int]]:
+def regular_files(paths: list[Path]) -> Iterator[tuple[Path, int]]:
+    """(path, size) of each regular file named or below a directory named (no symlinks).
+
+    Raises:
+        UserError: a path does not exist.
+    """
     for root in paths:
         if not root.exists():
             raise UserError(f"{root}: no such file or directory")
@@ -87,18 +100,18 @@ def _files(paths: list[Path]) -> Iterator[tuple[Path, int]]:
 
 def warm(paths: list[Path], jobs: int) -> int:
     """Fill the cache with these files or trees; resumable (cached blocks are skipped)."""
-    files = list(_files(paths))
+    files = list(regular_files(paths))
     total = sum(size for _, size in files)
     todo = []
     done = 0
     for p, size in files:
-        cached = int(_xattr(p, _CACHED).split()[0])
+        cached = int(read_attribute(p, _CACHED).split()[0])
         done += cached
         if cached < size:
             todo.append((p, size))
     progress = _Progress(total, done)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(_xattr, p, _WARM): size for p, size in todo}
+        futures = {pool.submit(read_attribute, p, _WARM): size for p, size in todo}
         ticker = threading.Thread(target=progress.run, daemon=True)
         ticker.start()
         for future in as_completed(futures):
@@ -106,7 +119,7 @@ def warm(paths: list[Path], jobs: int) -> int:
             progress.add(futures[future])
         progress.stop()
         ticker.join()
-    print(f"spokefs: warmed {len(files)} files, {_human(total)} "
+    print(f"spokefs: warmed {len(files)} files, {human_bytes(total)} "
           f"({len(files) - len(todo)} were cached already)")
     return 0
 
@@ -138,5 +151,5 @@ class _Progress:
         eta = f"{left / rate:.0f}s" if rate > 0 and left > 0 else "-"
         frac = self.done / self.total if self.total else 1.0
         bar = "#" * int(frac * 30)
-        print(f"\r[{bar:<30}] {frac:6.1%} {_human(self.done)}/{_human(self.total)} "
-              f"{_human(rate)}/s ETA {eta}   ", end="", file=sys.stderr, flush=True)
+        print(f"\r[{bar:<30}] {frac:6.1%} {human_bytes(self.done)}/{human_bytes(self.total)} "
+              f"{human_bytes(rate)}/s ETA {eta}   ", end="", file=sys.stderr, flush=True)

@@ -14,6 +14,7 @@ warm and refresh are idempotent.
 | ``user.spokefs.warm``    | file      | fetches the whole file at full link speed; bytes fetched  |
 
 Traces, replays and pins have attributes of their own: ``job_control``.
+Any other name under ``user.spokefs.`` raises ``NoAttribute`` (ENOATTR at the boundary).
 """
 
 from __future__ import annotations
@@ -21,11 +22,10 @@ from __future__ import annotations
 import json
 import stat
 
-import pyfuse3
 import trio
 from prometheus_client import REGISTRY
 
-from spokefs.errors import NotFound
+from spokefs.errors import NoAttribute, NotFound
 from spokefs.job_control import JobControl
 from spokefs.namespace import Attr, Namespace
 from spokefs.reader import Reader
@@ -64,7 +64,7 @@ class Control:
         if name == WARM and stat.S_ISREG(attr.mode):
             fv = FileVersion(attr.file_id, attr.version, attr.size)
             return str(await self._reader.warm(fv)).encode()
-        raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        raise NoAttribute(name.decode(errors="replace"))
 
     async def _cached(self, attr: Attr) -> tuple[int, int]:
         if stat.S_ISREG(attr.mode):

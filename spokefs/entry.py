@@ -2,7 +2,8 @@
 
 They only import the real command line once the spoke's dependencies are known to be
 there, so an install without them (``pip install 'spokefs[hub]'`` on a hub host) answers
-with one line naming the install command instead of an ImportError traceback.
+with one line naming the install command instead of an ImportError traceback. The FUSE layer
+(pyfuse3) loads only when a mount starts, so the same line answers a mount without it.
 """
 
 from __future__ import annotations
@@ -23,19 +24,21 @@ def main(argv: list[str] | None = None) -> int:
     """``spokefs ...``"""
     try:
         from spokefs.cli import main as cli_main
+
+        return cli_main(argv)  # mounting imports the FUSE layer (pyfuse3) only now
     except ImportError as exc:
         if exc.name not in SPOKE_MODULES:
             raise
         return _missing("spokefs", exc)
-    return cli_main(argv)
 
 
 def mount_helper(argv: list[str] | None = None) -> int:
     """``mount.spokefs SOURCE DIR [-o OPTIONS]``, as mount(8) calls it."""
     try:
         from spokefs.mount_helper import main as helper_main
+
+        return helper_main(argv)  # mounting imports the FUSE layer (pyfuse3) only now
     except ImportError as exc:
         if exc.name not in SPOKE_MODULES:
             raise
         return _missing("mount.spokefs", exc)
-    return helper_main(argv)

@@ -1,10 +1,6 @@
-"""Domain exceptions of the spoke, their errno table, and the one boundary that turns them into
-FUSE replies.
-
-pyfuse3 turns only ``FUSEError`` into an errno reply; any other exception escaping a handler
-ends ``pyfuse3.main()`` and takes the mount down for every reader. So domain code raises the
-exceptions below and ``fuse_errors`` (used on every handler in ``fuse_ops``) converts them.
-``trio.Cancelled`` is a BaseException and passes through untouched.
+"""Domain exceptions of the spoke and their errno table. Nothing here knows FUSE: the one
+boundary that turns these exceptions into FUSE replies is ``fuse_errors`` (the FUSE layer), so
+the CLI and the domain modules import this module without pyfuse3.
 
 | exception        | errno   | when                                                       |
 | ---------------- | ------- | ---------------------------------------------------------- |
@@ -18,25 +14,15 @@ exceptions below and ``fuse_errors`` (used on every handler in ``fuse_ops``) con
 | PinLimit         | ENOSPC  | a pin would take the pinned bytes over their bound         |
 | BadRequest       | EINVAL  | a control attribute names an unusable trace file           |
 | NotPermitted     | EACCES  | a control attribute names a file its caller cannot read    |
+| NoAttribute      | ENODATA | an attribute of ours that does not exist (ENOATTR)         |
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import functools
-import logging
-from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, ClassVar, ParamSpec, TypeVar
-
-import pyfuse3
-
-from spokefs import metrics
-
-log = logging.getLogger(__name__)
-
-P = ParamSpec("P")
-R = TypeVar("R")
+from collections.abc import Iterator
+from typing import ClassVar
 
 
 class SpokeError(Exception):
@@ -105,6 +91,15 @@ class NotPermitted(SpokeError):
     code = errno.EACCES
 
 
+class NoAttribute(SpokeError):
+    """An extended attribute in our namespace (``user.spokefs.``) that does not exist. An
+    answer rather than a failure: the boundary neither counts nor logs it.
+
+    ``ENODATA`` is what Linux calls ENOATTR (pyfuse3.ENOATTR is ENODATA there)."""
+
+    code = errno.ENODATA
+
+
 class UserError(Exception):
     """A problem the person running the CLI can fix; printed as one line, exit code 1."""
 
@@ -134,26 +129,3 @@ def single_spoke_error() -> Iterator[None]:
             raise leaves[0] from None
         raise
 
-
-def fuse_errors(fn: Callable[P, Coroutine[Any, Any, R]]) -> Callable[P, Coroutine[Any, Any, R]]:
-    """Turn domain errors into ``FUSEError``; turn bugs into a loud EIO that keeps the mount up.
-
-    Typed with ``Coroutine``, not ``Awaitable``: pyfuse3's ``Operations`` handlers are
-    coroutine functions, and a wrapped handler must still override one."""
-
-    @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return await fn(*args, **kwargs)
-        except pyfuse3.FUSEError:
-            raise
-        except SpokeError as exc:
-            metrics.FUSE_ERRORS.labels(op=fn.__name__, errno=errno.errorcode[exc.code]).inc()
-            log.debug("%s failed: %s: %s", fn.__name__, type(exc).__name__, exc)
-            raise pyfuse3.FUSEError(exc.code) from exc
-        except Exception:  # a bug: keep the mount alive, but make it loud
-            log.exception("internal error in %s", fn.__name__)
-            metrics.INTERNAL_ERRORS.labels(op=fn.__name__).inc()
-            raise pyfuse3.FUSEError(errno.EIO) from None
-
-    return wrapper

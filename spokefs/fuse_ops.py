@@ -4,6 +4,8 @@ Each handler decodes, calls one domain method and encodes; ``@fuse_errors`` turn
 exceptions into errnos at this one boundary. Metadata calls never touch the network.
 Write-like calls answer EROFS (the mount is also ``ro``, so the kernel usually answers
 first). Permission checks are the kernel's (``default_permissions``) on the exported modes.
+
+Part of the FUSE layer (docs/contributing.md): only these modules import pyfuse3.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import pyfuse3
 
 from spokefs.config import BLOCK_SIZE, SpokeConfig
 from spokefs.control import PREFIX, Control
-from spokefs.errors import NotADir, ReadOnly, fuse_errors
+from spokefs.errors import NotADir, ReadOnly
+from spokefs.fuse_errors import fuse_errors
 from spokefs.inode_streams import InodeStreams
 from spokefs.namespace import Attr, Namespace
 from spokefs.page_cache import PageCachePolicy
-from spokefs.reader import Reader, Stream
+from spokefs.reader import Reader
+from spokefs.stream import Stream
 from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)

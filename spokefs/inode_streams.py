@@ -15,11 +15,11 @@ handle used to carry lives here, per inode:
 
 Streams are kept for the ``_TRACKED`` most recently read inodes; one that falls out is
 closed (its queued read-ahead is dropped). What the kernel caches per inode survives
-across opens (no_open implies keep_cache); when a file's version changes, the refresher's
-``invalidate_inode`` drops those pages, and the next read here sees the new version. What
-no_open gives up: a process that holds a file open across such a change reads the new
-version from then on, not the one it opened (``open_mode="handle"`` keeps one version per
-open file and answers ESTALE instead).
+across opens (no_open implies keep_cache); when a file's version changes, the refresher has
+the kernel drop those pages (``kernel.KernelCache``), and the next read here sees the new
+version. What no_open gives up: a process that holds a file open across such a change reads
+the new version from then on, not the one it opened (``open_mode="handle"`` keeps one
+version per open file and answers ESTALE instead).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from spokefs.namespace import Namespace
-from spokefs.reader import Reader, Stream
+from spokefs.reader import Reader
+from spokefs.stream import Stream
 from spokefs.types import FileVersion
 
 _TRACKED = 4096

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from spokefs import trace_file
-from spokefs.commands import _files, _human, _xattr
+from spokefs.commands import human_bytes, read_attribute, regular_files
 from spokefs.errors import UserError
 from spokefs.mounttab import find_mount
 from spokefs.trace_file import Entry
@@ -53,7 +53,7 @@ def _call(path: Path, name: str) -> str:
         if exc.errno == errno.EINVAL:
             raise UserError(f"the mount refused {name.split(':')[0]}: a bad trace or "
                             "request; see the mount's log") from None
-    return _xattr(path, _P + name)  # the generic messages
+    return read_attribute(path, _P + name)  # the generic messages
 
 
 # -- traces -----------------------------------------------------------------------------
@@ -78,7 +78,7 @@ def trace_save(dest: Path, mount: Path) -> int:
     except OSError as exc:
         raise UserError(f"cannot write {dest}: {exc.strerror}") from None
     gone = f"; {info['gone']} files read are gone from the hub" if info["gone"] else ""
-    print(f"spokefs: saved trace {dest}: {info['files']} files, {_human(info['bytes'])} "
+    print(f"spokefs: saved trace {dest}: {info['files']} files, {human_bytes(info['bytes'])} "
           f"in {info['directories']} directories{gone}")
     return 0
 
@@ -89,7 +89,7 @@ def trace_show(path: Path, mount: Path | None) -> int:
     print(f"trace:       {path} (hub {head.get('hub', '?')}, generation "
           f"{head.get('generation', '?')})")
     print(f"files:       {s['files']} ({s['ranged_files']} read in ranges)")
-    print(f"bytes:       {_human(s['bytes'])} (the working set)")
+    print(f"bytes:       {human_bytes(s['bytes'])} (the working set)")
     print(f"directories: {s['directories']}")
     try:
         root = mount_root(mount if mount is not None else Path.cwd())
@@ -101,7 +101,7 @@ def trace_show(path: Path, mount: Path | None) -> int:
     with _short_copy(path) as short:
         c = json.loads(_call(root, f"trace.check:{short}"))
     share = f"{c['cached_bytes'] / c['current_bytes']:.1%}" if c["current_bytes"] else "-"
-    print(f"cached now:  {_human(c['cached_bytes'])} of {_human(c['current_bytes'])} "
+    print(f"cached now:  {human_bytes(c['cached_bytes'])} of {human_bytes(c['current_bytes'])} "
           f"({share}) on {root}")
     print(f"mismatches:  {c['changed']} changed on the hub, {c['missing']} gone")
     return 0
@@ -144,7 +144,7 @@ def _read_list(path: Path) -> bytes:
 
 
 def _list_entries(root: Path, paths: list[Path]) -> Iterator[Entry]:
-    for p, size in _files(paths):
+    for p, size in regular_files(paths):
         try:
             rel = Path(os.path.abspath(p)).relative_to(root)
         except ValueError:
@@ -175,16 +175,16 @@ def _replay(path: Path, root: Path) -> int:
     if p["state"] != "done":
         raise UserError(f"replay {p['state']}; see the mount's log")
     cached = p["done_bytes"] - p["fetched_bytes"] - p["failed_bytes"]
-    print(f"spokefs: replayed {p['entries'] - p['missing']} files, {_human(p['total_bytes'])} "
-          f"({_human(p['fetched_bytes'])} fetched, {_human(max(0, cached))} cached already) "
-          f"in {p['seconds']:.1f}s")
+    print(f"spokefs: replayed {p['entries'] - p['missing']} files, "
+          f"{human_bytes(p['total_bytes'])} ({human_bytes(p['fetched_bytes'])} fetched, "
+          f"{human_bytes(max(0, cached))} cached already) in {p['seconds']:.1f}s")
     if p["changed"] or p["missing"]:
         print(f"spokefs: {p['changed']} entries changed on the hub (their current version was "
               f"fetched), {p['missing']} no longer on it")
     if p["over_budget_bytes"]:
-        print(f"spokefs: {_human(p['over_budget_bytes'])} left out: more than the cache holds")
+        print(f"spokefs: {human_bytes(p['over_budget_bytes'])} left out: more than the cache holds")
     if p["failed_bytes"]:
-        raise UserError(f"{_human(p['failed_bytes'])} could not be fetched; run it again")
+        raise UserError(f"{human_bytes(p['failed_bytes'])} could not be fetched; run it again")
     return 0
 
 
@@ -222,8 +222,8 @@ class _Bar:
         eta = f"{left / rate:.0f}s" if rate > 0 and left > 0 else "-"
         frac = done / total if total else 1.0
         bar = "#" * int(frac * 30)
-        print(f"\r[{bar:<30}] {frac:6.1%} {_human(done)}/{_human(total)} "
-              f"{_human(rate)}/s ETA {eta}   ", end="", file=sys.stderr, flush=True)
+        print(f"\r[{bar:<30}] {frac:6.1%} {human_bytes(done)}/{human_bytes(total)} "
+              f"{human_bytes(rate)}/s ETA {eta}   ", end="", file=sys.stderr, flush=True)
         self._drawn = True
 
     def end(self) -> None:
@@ -236,7 +236,7 @@ class _Bar:
 
 
 def pin(paths: list[Path], unpin: bool) -> int:
-    files = list(_files(paths))
+    files = list(regular_files(paths))
     total = 0
     name = _P + ("unpin" if unpin else "pin")
     for p, size in files:
@@ -244,16 +244,16 @@ def pin(paths: list[Path], unpin: bool) -> int:
             total += int(os.getxattr(p, name))
         except OSError as exc:
             if exc.errno == errno.ENOSPC and not unpin:
-                st = json.loads(_xattr(p, _P + "status"))
+                st = json.loads(read_attribute(p, _P + "status"))
                 raise UserError(
-                    f"pinning {p} ({_human(size)}) would exceed the pin limit: "
-                    f"{_human(st['pinned_bytes'])} of {_human(st['pinned_limit_bytes'])} "
+                    f"pinning {p} ({human_bytes(size)}) would exceed the pin limit: "
+                    f"{human_bytes(st['pinned_bytes'])} of {human_bytes(st['pinned_limit_bytes'])} "
                     "pinned (--max-pinned-share of the cache); unpin something first"
                 ) from None
-            total += int(_xattr(p, name))  # again: the generic messages if it fails again
-    st = json.loads(_xattr(files[0][0], _STATUS)) if files else None
+            total += int(read_attribute(p, name))  # again: the generic messages if it fails again
+    st = json.loads(read_attribute(files[0][0], _STATUS)) if files else None
     verb = "unpinned" if unpin else "pinned"
-    now = (f"; {_human(st['pinned_bytes'])} of {_human(st['pinned_limit_bytes'])} pinned now"
-           if st else "")
-    print(f"spokefs: {verb} {len(files)} files, {_human(total)}{now}")
+    now = (f"; {human_bytes(st['pinned_bytes'])} of "
+           f"{human_bytes(st['pinned_limit_bytes'])} pinned now" if st else "")
+    print(f"spokefs: {verb} {len(files)} files, {human_bytes(total)}{now}")
     return 0

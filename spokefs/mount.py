@@ -7,6 +7,9 @@ mounts anything. A cache dir that holds a namespace is mounted without waiting f
 at all (``refresher`` catches up afterwards), so a remount is as fast with the hub down.
 After the mount, SIGINT/SIGTERM end the loop and the filesystem is unmounted;
 ``fusermount3 -u`` (``spokefs umount``) ends the loop from outside.
+
+Part of the FUSE layer (docs/contributing.md): only these modules import pyfuse3. The
+refresher is handed the kernel's caches (``kernel.KernelCache``) once the mount is up.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from spokefs.fuse_ops import SpokeOps
 from spokefs.hub_client import HubClient
 from spokefs.hub_origins import HubOrigins
 from spokefs.job_control import JobControl
+from spokefs.kernel import KernelCache
 from spokefs.link_model import LinkReach
 from spokefs.mounttab import find_mount
 from spokefs.namespace import Namespace, NamespaceInfo
@@ -201,7 +205,7 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             on_ready(info)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_terminate_on_signal)
-                refresher.mounted = True
+                refresher.mounted(KernelCache())
                 # each restarted if it fails (``supervise``): a bug there must not unmount
                 await nursery.start(supervised, "writer", cache.run)
                 await nursery.start(supervised, "fetcher", fetcher.run)

@@ -3,7 +3,7 @@
 Four triggers, all filling the block cache (no private RAM queue; the RAM used is the
 responses in flight, at most ``max_inflight_bytes``):
 
-1. **Sequential streams.** Each open handle (or inode) is a ``reader.Stream``. A read that
+1. **Sequential streams.** Each open handle (or inode) is a ``stream.Stream``. A read that
    starts within ``_SEQ_SLACK`` of where the last one ended counts as sequential (the
    kernel's own read-ahead sends reads slightly out of order); after two in a row the window
    opens at what the link already showed it needs, its bandwidth-delay product
@@ -56,7 +56,7 @@ from spokefs.dir_fill import DirFiller, DirLister
 from spokefs.errors import SpokeError, single_spoke_error
 from spokefs.fetcher import Fetcher
 from spokefs.link_model import LinkModel, LinkReach
-from spokefs.reader import Stream
+from spokefs.stream import Stream
 from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import trio
@@ -35,6 +34,7 @@ from spokefs.cache.block_cache import ORIGINS, CacheStats, ReadResult
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS
 from spokefs.errors import HubUnavailable
 from spokefs.fetcher import Fetcher
+from spokefs.stream import Stream
 from spokefs.trace import EXTENT_BYTES, WHOLE, TraceRecorder
 from spokefs.types import FileVersion
 
@@ -51,40 +51,6 @@ _RETRY_WINDOW_S = 0.5
 # a failing read(2) ends within 1.1-1.5 deadlines, not one deadline per kernel request.
 _RETRY_SHARE = 0.1
 _RETRY_MIN_S = 1.0
-
-
-@dataclass(slots=True, eq=False)
-class Stream:
-    """Access-pattern state of one open handle (or, with kernel opens, one inode), kept by
-    the prefetcher.
-
-    Attributes:
-        fv: the file version it reads.
-        parent_id: the directory it was opened in.
-        next_offset: where the last sequential read ended.
-        sequential: sequential reads in a row.
-        window: bytes read ahead of the reader.
-        issued_to: read-ahead queued up to here.
-        epoch: bumped on random access or close; queued jobs of older epochs are dropped.
-        closed: its handle was released (or it was cut off before its reader came).
-        successor: the next file in name order, read ahead into when the window passes
-            this file's end (``prefetcher``, "Runs of shards").
-        seeking: the successor is being looked up.
-        traced_extent: the trace extent (``trace.extent_of``) of its last read that was
-            noted in the access trace; a read in another extent is noted again.
-    """
-
-    fv: FileVersion
-    parent_id: int
-    next_offset: int = 0
-    sequential: int = 0
-    window: int = 0
-    issued_to: int = 0
-    epoch: int = 0
-    closed: bool = False
-    successor: Stream | None = None
-    seeking: bool = False
-    traced_extent: int = -1
 
 
 class PackFinder(Protocol):

@@ -10,9 +10,10 @@ cache dir without a namespace needs the hub: the snapshot is loaded before the m
 
 While mounted (``run``): polls ``/v2/changes`` every ``refresh_interval_s`` and whenever
 ``trigger`` is called (``spokefs refresh``). After each applied batch, the catch-up
-included, the kernel is told to forget the names and inodes that changed
-(``pyfuse3.invalidate_*``), so the long entry and attribute timeouts never show stale
-metadata, and pages cached under ``keep_cache`` are dropped for files whose bytes changed.
+included, the kernel is told to forget the names and inodes that changed (through the
+``KernelCache`` the mount gives it once mounted, ``kernel.KernelCache``; this module knows no
+FUSE), so the long entry and attribute timeouts never show stale metadata, and pages cached
+under ``keep_cache`` are dropped for files whose bytes changed.
 Open handles keep reading the version they opened with ``--open-mode handle``; with ``kernel``
 reads follow the namespace (``inode_streams``).
 
@@ -31,11 +32,10 @@ after a change that did not move the newest mtime) do we take its snapshot.
 
 from __future__ import annotations
 
-import errno
 import logging
 import time
+from typing import Protocol
 
-import pyfuse3
 import trio
 
 from spokefs import metrics, protocol
@@ -62,6 +62,16 @@ CATCH_UP_RETRY_S = 10.0
 BEHIND_GRACE_S = 300.0
 
 
+class KernelCache(Protocol):
+    """The kernel's caches of the mount, to invalidate (``kernel.KernelCache``)."""
+
+    def forget_entry(self, parent: int, name: bytes) -> None:
+        """Drop a cached name; never blocks (called on the trio thread)."""
+
+    def forget_inodes(self, inodes: list[int]) -> None:
+        """Drop cached attributes and pages; may block (called in a worker thread)."""
+
+
 class Refresher:
     """Replication of the hub's namespace into ``Namespace``, at mount and while mounted."""
 
@@ -78,7 +88,8 @@ class Refresher:
         self._last_error: Exception | None = None
         self._catching_up = False  # a stored namespace was mounted: poll at once
         self._log = LogLimiter(log)
-        self.mounted = False  # the kernel knows our inodes only once mounted
+        # the kernel knows our inodes only once mounted: until then nothing to invalidate
+        self._kernel: KernelCache | None = None
 
     # -- at mount ---------------------------------------------------------------------
 
@@ -126,6 +137,10 @@ class Refresher:
         return " or ".join(self._hub.origins.urls)
 
     # -- while mounted ----------------------------------------------------------------
+
+    def mounted(self, kernel: KernelCache) -> None:
+        """The mount is up: from now on tell ``kernel`` what changed."""
+        self._kernel = kernel
 
     def trigger(self) -> None:
         """Poll now (``spokefs refresh``)."""
@@ -249,14 +264,15 @@ class Refresher:
 
     async def _forget(self, applied: Applied) -> None:
         _publish(applied.info)
-        if not self.mounted:
+        kernel = self._kernel
+        if kernel is None:
             return
         for parent, name in applied.names:
-            _quietly(pyfuse3.invalidate_entry_async, parent, name)
+            kernel.forget_entry(parent, name)
         if applied.inodes:
             # a synchronous write to /dev/fuse that may wait on the kernel's page locks
             # (held by a read we are serving): never on the trio thread
-            await trio.to_thread.run_sync(_forget_inodes, applied.inodes)
+            await trio.to_thread.run_sync(kernel.forget_inodes, applied.inodes)
 
 
 def _publish(info: NamespaceInfo) -> None:
@@ -264,16 +280,3 @@ def _publish(info: NamespaceInfo) -> None:
     metrics.NAMESPACE_GENERATION.set(info.generation)
     metrics.NAMESPACE_BYTES.set(info.total_bytes)
 
-
-def _forget_inodes(inodes: list[int]) -> None:
-    for ino in inodes:
-        _quietly(pyfuse3.invalidate_inode, ino)
-
-
-def _quietly(fn: object, *args: object) -> None:
-    """Kernel cache invalidation; ENOENT means the kernel had nothing cached: fine."""
-    try:
-        fn(*args)  # type: ignore[operator]
-    except OSError as exc:
-        if exc.errno not in (errno.ENOENT, errno.ENOTDIR):
-            log.debug("invalidation %s%r failed: %s", getattr(fn, "__name__", fn), args, exc)

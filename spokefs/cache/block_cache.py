@@ -149,7 +149,7 @@ import trio
 
 from spokefs import metrics
 from spokefs.cache.layout import KEY, PROTECTED, CacheState, ChunkHead
-from spokefs.cache.policy import AccessClock
+from spokefs.cache.policy import AccessClock, Plan
 from spokefs.cache.store import (
     ORIGIN_DEMAND,
     ORIGIN_PREFETCH,
@@ -160,7 +160,6 @@ from spokefs.cache.store import (
     Found,
     Looked,
     NotResident,
-    Plan,
     ReadResult,
     Staged,
     chunk_pieces,

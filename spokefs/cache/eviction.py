@@ -4,23 +4,48 @@ The policy (a scan-resistant two-segment scheme for epochs over datasets larger 
 cache) is described in ``cache.block_cache``'s docstring; the access clock that feeds it is in
 ``cache.policy``. Everything here runs inside one of ``cache.store.ChunkStore``'s write
 transactions, on a worker thread, and bounds how many order records one transaction looks at.
+What it needs of that store is ``ChunkRecords`` (the store imports this module, not the
+reverse); the policy's decisions come in a ``cache.policy.Plan``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import lmdb
 
-from spokefs.cache.layout import ORDER_KEY, PROBATION, PROTECTED, BadHead, CacheState
+from spokefs.cache.layout import (
+    ORDER_KEY,
+    PROBATION,
+    PROTECTED,
+    BadHead,
+    CacheState,
+    ChunkHead,
+)
+from spokefs.cache.policy import Plan
 from spokefs.config import BLOCK_SIZE, CHUNK_SIZE
-
-if TYPE_CHECKING:
-    from spokefs.cache.store import ChunkStore, Plan
 
 _SCAN_LIMIT = 1024  # probation entries looked at per victim search (bounds a transaction)
 _HAND_LIMIT = 4096  # protected entries the hand looks at per sweep
+
+
+class ChunkRecords(Protocol):
+    """What the evictor needs of the store whose chunks it removes (``store.ChunkStore``)."""
+
+    order_db: lmdb._Database  # (segment, seq) -> chunk key
+
+    def get_head(self, txn: lmdb.Transaction, key: bytes) -> ChunkHead | None:
+        """The chunk's header, None if absent; raises BadHead if it cannot be decoded."""
+
+    def read_head(self, txn: lmdb.Transaction, key: bytes) -> ChunkHead | None:
+        """The chunk's header, None if absent or undecodable."""
+
+    def delete(self, txn: lmdb.Transaction, st: CacheState, key: bytes, head: ChunkHead) -> None:
+        """Remove a chunk, its header and its order record, and uncount its bytes."""
+
+    def delete_undecodable(self, txn: lmdb.Transaction, st: CacheState, key: bytes) -> None:
+        """Remove a chunk whose header is garbage."""
 
 
 class Evictor:
@@ -31,7 +56,7 @@ class Evictor:
         window_bytes: the newest fills the "most recently read" rule leaves alone.
     """
 
-    def __init__(self, store: ChunkStore, window_bytes: int) -> None:
+    def __init__(self, store: ChunkRecords, window_bytes: int) -> None:
         self._store = store
         self._window_chunks = max(1, window_bytes // CHUNK_SIZE)
 

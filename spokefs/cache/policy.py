@@ -22,7 +22,9 @@ reads without writing anything on a hit:
   quarter interval, at most one cache-full).
 - **Pending decisions** for the next write transaction: chunks to promote to the protected
   segment, and for chunks that missed, the tick of that miss and whether they may go straight
-  to the protected segment when their fill arrives.
+  to the protected segment when their fill arrives. A write transaction gets them, with the
+  limits above and read access to the table, as a ``Plan`` (built by ``block_cache``, used by
+  ``store`` and ``eviction``).
 
 Concurrency: one instance per ``BlockCache``, mutated only by the trio thread. Writer threads
 read ``last()``/``is_visited()`` while the trio thread may store into the table: reads of one
@@ -39,6 +41,8 @@ import os
 import struct
 from array import array
 from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import xxhash
@@ -239,3 +243,32 @@ class AccessClock:
             self.tick = max(self.tick, tick)
             self.interval = interval
             self.protected_share = min(1.0, max(_MIN_PROTECTED_SHARE, share))
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a write transaction needs from the policy state of the trio thread.
+
+    Attributes:
+        tick: the access clock now.
+        probation_limit: visits after its arrival by which a probation chunk is dead.
+        protected_limit: visits without a visit after which a protected chunk is dead.
+        stale_after: visits without a visit after which a protected chunk goes first when
+            the segment must shrink (one cache-full: LRU would not have it either).
+        protected_cap: bytes the protected segment may hold now.
+        hand_budget: protected entries the clock hand may look at for dead chunks.
+        promote: probation chunks to move to the protected segment.
+        misses: chunk key -> (tick of the read that missed it, whether it is hot), for fills.
+        is_visited, last_visit: the access clock's table (read from this thread).
+    """
+
+    tick: int
+    probation_limit: int
+    protected_limit: int
+    stale_after: int
+    protected_cap: int
+    hand_budget: int
+    promote: list[bytes]
+    misses: dict[bytes, tuple[int, bool]]
+    is_visited: Callable[[bytes, int], bool]
+    last_visit: Callable[[bytes], int]

@@ -30,6 +30,7 @@ from spokefs.cache.layout import (
     split_blocks,
     tail_len,
 )
+from spokefs.cache.policy import Plan
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
 from spokefs.lmdb_env import open_env
 from spokefs.residency import resident
@@ -76,35 +77,6 @@ class Found(dict[int, bytes]):
 
 # ChunkStore.get: verified blocks, the corrupt indexes, each chunk looked at with its header
 Looked = tuple[Found, list[int], list[tuple[bytes, ChunkHead | None]]]
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What a write transaction needs from the policy state of the trio thread.
-
-    Attributes:
-        tick: the access clock now.
-        probation_limit: visits after its arrival by which a probation chunk is dead.
-        protected_limit: visits without a visit after which a protected chunk is dead.
-        stale_after: visits without a visit after which a protected chunk goes first when
-            the segment must shrink (one cache-full: LRU would not have it either).
-        protected_cap: bytes the protected segment may hold now.
-        hand_budget: protected entries the clock hand may look at for dead chunks.
-        promote: probation chunks to move to the protected segment.
-        misses: chunk key -> (tick of the read that missed it, whether it is hot), for fills.
-        is_visited, last_visit: the access clock's table (read from this thread).
-    """
-
-    tick: int
-    probation_limit: int
-    protected_limit: int
-    stale_after: int
-    protected_cap: int
-    hand_budget: int
-    promote: list[bytes]
-    misses: dict[bytes, tuple[int, bool]]
-    is_visited: Callable[[bytes, int], bool]
-    last_visit: Callable[[bytes], int]
 
 
 class ChunkStore:

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pyfuse3
 import pytest
+from prometheus_client import REGISTRY
 from spoke_fakes import FakeHub
 
 from spokefs import protocol
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import SpokeConfig
+from spokefs.control import Control
 from spokefs.fetcher import Fetcher
 from spokefs.fuse_ops import SpokeOps
 from spokefs.namespace import ROOT_INODE, Namespace
@@ -29,7 +31,7 @@ class Ctx:
     umask = 0o022
 
 
-def make_ops(tmp_path: Path, open_mode: str):
+def make_ops(tmp_path: Path, open_mode: str, control: bool = False):
     ns = Namespace(tmp_path / "ns")
     ns.load_snapshot(protocol.encode_snapshot(3, ROOT, [
         Entry(ROOT, 0, stat.S_IFDIR | 0o755, 0, 10, 2, 0, b""),
@@ -41,7 +43,8 @@ def make_ops(tmp_path: Path, open_mode: str):
     reader = Reader(fetcher, None, 1 << 20)
     cfg = SpokeConfig("http://hub", tmp_path, tmp_path, 16 << 20, uid=7, gid=8,
                       open_mode=open_mode)
-    return SpokeOps(ns, reader, None, cfg), cache, ns
+    ctl = Control(ns, reader, None) if control else None  # type: ignore[arg-type]
+    return SpokeOps(ns, reader, ctl, cfg), cache, ns
 
 
 @pytest.fixture
@@ -127,3 +130,18 @@ async def test_errnos(ops, call, code):
     with pytest.raises(pyfuse3.FUSEError) as info:
         await call(ops)
     assert info.value.errno == code
+
+
+async def test_an_unknown_control_attribute_is_enoattr_and_not_counted(tmp_path: Path):
+    """Control raises NoAttribute; the boundary answers ENOATTR, as for names not ours, and
+    counts no FUSE error (an answer, not a failure)."""
+    ops, cache, ns = make_ops(tmp_path, "handle", control=True)
+    try:
+        with pytest.raises(pyfuse3.FUSEError) as info:
+            await ops.getxattr(0x200, b"user.spokefs.nope", Ctx())
+        assert info.value.errno == pyfuse3.ENOATTR
+        assert REGISTRY.get_sample_value("spokefs_fuse_errors_total",
+                                         {"op": "getxattr", "errno": "ENODATA"}) is None
+    finally:
+        cache.close()
+        ns.close()

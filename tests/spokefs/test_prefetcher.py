@@ -13,7 +13,8 @@ from spokefs.cache.block_cache import BlockCache
 from spokefs.config import PrefetchConfig
 from spokefs.fetcher import Fetcher
 from spokefs.prefetcher import Prefetcher
-from spokefs.reader import Reader, Stream
+from spokefs.reader import Reader
+from spokefs.stream import Stream
 from spokefs.types import FileVersion
 
 MiB = 1 << 20

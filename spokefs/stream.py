@@ -1,0 +1,44 @@
+"""``Stream``: the access pattern of one open handle (or inode), the record the reader opens
+and hands to the prefetcher, which acts on it. Its own module so that neither of the two
+imports the other for it (the reader drives the prefetcher; the prefetcher knows no reader).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spokefs.types import FileVersion
+
+
+@dataclass(slots=True, eq=False)
+class Stream:
+    """Access-pattern state of one open handle (or, with kernel opens, one inode), kept by
+    the prefetcher.
+
+    Attributes:
+        fv: the file version it reads.
+        parent_id: the directory it was opened in.
+        next_offset: where the last sequential read ended.
+        sequential: sequential reads in a row.
+        window: bytes read ahead of the reader.
+        issued_to: read-ahead queued up to here.
+        epoch: bumped on random access or close; queued jobs of older epochs are dropped.
+        closed: its handle was released (or it was cut off before its reader came).
+        successor: the next file in name order, read ahead into when the window passes
+            this file's end (``prefetcher``, "Runs of shards").
+        seeking: the successor is being looked up.
+        traced_extent: the trace extent (``trace.extent_of``) of its last read that was
+            noted in the access trace; a read in another extent is noted again.
+    """
+
+    fv: FileVersion
+    parent_id: int
+    next_offset: int = 0
+    sequential: int = 0
+    window: int = 0
+    issued_to: int = 0
+    epoch: int = 0
+    closed: bool = False
+    successor: Stream | None = None
+    seeking: bool = False
+    traced_extent: int = -1
