@@ -30,6 +30,7 @@ import struct
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -172,14 +173,21 @@ async def sequential(d: Driver, cache_bytes: int, args: argparse.Namespace) -> N
         await d.read_file(fid, size)
 
 
-async def small(d: Driver, cache_bytes: int, args: argparse.Namespace) -> None:
-    rng = random.Random(7)
+def sized_files(first_id: int, nbytes: float, size: Callable[[], int]) -> dict[int, int]:
+    """File id -> size, ids from ``first_id`` on, until the sizes add up to ``nbytes``."""
     sizes: dict[int, int] = {}
-    total, fid = 0, 10_000
-    while total < args.dataset_x * cache_bytes:
-        sizes[fid] = rng.randrange(96 * KIB, 128 * KIB)
+    total, fid = 0, first_id
+    while total < nbytes:
+        sizes[fid] = size()
         total += sizes[fid]
         fid += 1
+    return sizes
+
+
+async def small(d: Driver, cache_bytes: int, args: argparse.Namespace) -> None:
+    rng = random.Random(7)
+    sizes = sized_files(10_000, args.dataset_x * cache_bytes,
+                        lambda: rng.randrange(96 * KIB, 128 * KIB))
     order = list(sizes)
     for _ in range(args.epochs):
         rng.shuffle(order)
@@ -189,13 +197,8 @@ async def small(d: Driver, cache_bytes: int, args: argparse.Namespace) -> None:
 
 async def churn(d: Driver, cache_bytes: int, args: argparse.Namespace) -> None:
     rng = random.Random(11)
-    sizes: dict[int, int] = {}
-    total, fid = 0, 100_000
-    while total < args.dataset_x * cache_bytes:
-        sizes[fid] = rng.choice([4 * KIB, 20 * KIB, 110 * KIB, 700 * KIB, 3 * MIB, 8 * MIB]) \
-            - rng.randrange(0, 4 * KIB)
-        total += sizes[fid]
-        fid += 1
+    sizes = sized_files(100_000, args.dataset_x * cache_bytes, lambda: rng.choice(
+        [4 * KIB, 20 * KIB, 110 * KIB, 700 * KIB, 3 * MIB, 8 * MIB]) - rng.randrange(0, 4 * KIB))
     order = list(sizes)
     for _ in range(args.epochs):
         rng.shuffle(order)
