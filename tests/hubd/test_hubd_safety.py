@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from hubd.export_root import file_id_of, version_of
 from spokefs import protocol
@@ -67,6 +70,51 @@ def test_symlink_swapped_in_after_the_scan_is_not_followed(
     os.unlink(tree.root / "sub")
     os.rename(tree.root / "old-sub", tree.root / "sub")
     assert hub.request(url, {"Range": "bytes=0-3"}).body == DATA[:4]  # back in place: served
+
+
+def test_an_old_version_past_the_new_end_is_stale_not_unsatisfiable(
+        tree: Tree, start_hub: StartHub) -> None:
+    """The version is checked before the range: a spoke asking for a range of the version it
+    knows, past the end of the file that has shrunk since, is told 412 (its listing is
+    stale), not 416 (which would blame its request)."""
+    hub = start_hub(tree.root)
+    data = snapshot_paths(hub)[b"sub/deeper/data.bin"]
+    with open(tree.root / "sub" / "deeper" / "data.bin", "r+b") as f:
+        f.truncate(wire.FRAME_DATA_BYTES)
+    start = wire.framed_size(8 * wire.FRAME_DATA_BYTES)
+    answer = hub.request(wire.blob_path(data.file_id, data.version),
+                         {"Range": f"bytes={start}-{start + 99}"})
+    assert reason(answer) == (412, "stale-version")
+
+
+def test_a_write_during_a_long_answer_cuts_it_short(tree: Tree, start_hub: StartHub) -> None:
+    """The hub checks the version again after each slice it reads: a file written while a
+    long answer streams ends that answer short (the spoke, which knows the length it asked
+    for, refuses it) instead of splicing the new bytes into the old version's answer.
+
+    The client stops reading after the first bytes, so the hub (which writes a slice only
+    when the transport has taken the last one) is at most the socket buffers, a few MiB,
+    into the 64 MiB answer when the file changes."""
+    path = tree.root / "long.bin"
+    with open(path, "wb") as f:
+        f.truncate(64 * wire.SLICE_DATA_BYTES)  # sparse: costs no disk
+    hub = start_hub(tree.root)
+    entry = snapshot_paths(hub)[b"long.bin"]
+    total = wire.framed_size(entry.size)
+    url = urlsplit(hub.url)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(f"GET {wire.blob_path(entry.file_id, entry.version)} HTTP/1.1\r\n"
+                     f"Host: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        got = sock.recv(1 << 16)
+        assert got.startswith(b"HTTP/1.1 200"), got[:200]
+        st = os.stat(path)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a new version
+        with contextlib.suppress(ConnectionResetError):
+            while more := sock.recv(1 << 20):
+                got += more
+    head, _, body = got.partition(b"\r\n\r\n")
+    assert f"content-length: {total}".encode() in head.lower(), head
+    assert 0 < len(body) < total, f"{len(body)} of {total} framed bytes"
 
 
 def test_token_guards_everything_but_health_and_metrics(

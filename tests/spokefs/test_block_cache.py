@@ -481,6 +481,30 @@ async def test_corrupt_block_is_dropped_and_reported_missing(tmp_path):
     cache.close()
 
 
+async def test_a_corrupt_block_fails_a_read_of_most_of_its_chunk(tmp_path):
+    """A read of most of a chunk is checked with the one chunk checksum (``store._verify``),
+    then block by block: a damaged byte anywhere makes its block corrupt and the read a
+    miss, never bytes served."""
+    data = os.urandom(CHUNK_SIZE)
+    cache = BlockCache(tmp_path, 64 << 20)
+    await cache.put_runs(5, 5, blocks_of(data, range(CHUNK_BLOCKS)))
+    cache.close()
+    raw = bytearray((tmp_path / "data.mdb").read_bytes())
+    at = raw.find(data[7 * BLOCK_SIZE : 7 * BLOCK_SIZE + 64])
+    assert at > 0
+    raw[at + 10] ^= 0xFF
+    (tmp_path / "data.mdb").write_bytes(raw)
+    cache = BlockCache(tmp_path, 64 << 20)
+    failures = metrics.CHECKSUM_FAILURES._value.get()
+    found = await cache.read_on_disk(5, 5, 0, CHUNK_SIZE, record=False)
+    assert found.data is None and found.corrupt == [7]
+    assert found.missing == list(range(CHUNK_BLOCKS))
+    assert metrics.CHECKSUM_FAILURES._value.get() == failures + 1
+    clean = await cache.read_on_disk(5, 5, 8 * BLOCK_SIZE, CHUNK_SIZE, record=False)
+    assert clean.data == data[8 * BLOCK_SIZE :]  # the rest of the chunk still verifies
+    cache.close()
+
+
 def _pages(path: Path, want_flags: int) -> list[int]:
     """Page numbers of non-overflow pages with these flags (LMDB page header: pgno u64,
     pad u16, flags u16, then lower/upper or the overflow page count)."""

@@ -16,12 +16,15 @@ from spokefs.reader import Reader
 from spokefs.types import FileVersion
 
 SMALL = 64 << 10
+# A safety net, not a timing assertion: a read whose fill never completes (a fetcher that
+# stages the wrong blocks, say) fails with HubUnavailable instead of spinning forever.
+DEADLINE_S = 30.0
 
 
 def make(tmp_path, files, quota=64 << 20, delay_s=0.0):
     hub = FakeHub(files, delay_s)
     fetcher = Fetcher(BlockCache(tmp_path, quota), hub)  # type: ignore[arg-type]
-    return hub, Reader(fetcher, None, SMALL)
+    return hub, Reader(fetcher, None, SMALL, deadline_s=DEADLINE_S)
 
 
 async def test_random_reads_equal_source_slices(tmp_path):
