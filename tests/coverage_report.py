@@ -32,7 +32,7 @@ DATA_PATH = [
     "spokefs/inode_streams.py",
     "spokefs/namespace.py",
     "spokefs/cache/*.py",
-    "hubd/wire.py",
+    "spokefs/protocol/*.py",
     "hubd/framed.py",
     "hubd/range_reader.py",
     "hubd/s3/reader.py",

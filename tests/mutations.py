@@ -60,16 +60,16 @@ MUTATIONS = [
         "the cache's block checksum comparison flipped (_verify)"),
     Mutation(
         "hub-frame-offset", "hubd/framed.py",
-        "        data_start = first_frame * wire.FRAME_DATA_BYTES\n",
-        "        data_start = first_frame * wire.FRAME_DATA_BYTES + 8\n",
+        "        data_start = first_frame * protocol.FRAME_DATA_BYTES\n",
+        "        data_start = first_frame * protocol.FRAME_DATA_BYTES + 8\n",
         ("tests/hubd/test_hubd_http.py", "tests/integration/test_foundation.py"),
         "the hub frames data from 8 bytes too far (its sums match the wrong bytes)"),
     Mutation(
-        "wire-frame-sum-offset", "hubd/wire.py",
+        "wire-frame-sum-offset", "spokefs/protocol/frames.py",
         "unpack(frame, len(frame) - FRAME_SUM.size)[0]",
         "unpack(frame, len(frame) - FRAME_SUM.size - 8)[0]",
         ("tests/spokefs/test_hub_client_hostile.py", "tests/integration/test_foundation.py"),
-        "deframing reads each frame's sum 8 bytes early (wire.frames)"),
+        "deframing reads each frame's sum 8 bytes early (protocol.split_frames)"),
     Mutation(
         "spoke-frame-check-dropped", "spokefs/bodies.py",
         "            if digest(chunk, seed(file_id, version, first_frame + k)) != want:",

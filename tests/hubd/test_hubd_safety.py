@@ -80,9 +80,9 @@ def test_an_old_version_past_the_new_end_is_stale_not_unsatisfiable(
     hub = start_hub(tree.root)
     data = snapshot_paths(hub)[b"sub/deeper/data.bin"]
     with open(tree.root / "sub" / "deeper" / "data.bin", "r+b") as f:
-        f.truncate(wire.FRAME_DATA_BYTES)
-    start = wire.framed_size(8 * wire.FRAME_DATA_BYTES)
-    answer = hub.request(wire.blob_path(data.file_id, data.version),
+        f.truncate(protocol.FRAME_DATA_BYTES)
+    start = protocol.framed_size(8 * protocol.FRAME_DATA_BYTES)
+    answer = hub.request(protocol.blob_path(data.file_id, data.version),
                          {"Range": f"bytes={start}-{start + 99}"})
     assert reason(answer) == (412, "stale-version")
 
@@ -97,13 +97,13 @@ def test_a_write_during_a_long_answer_cuts_it_short(tree: Tree, start_hub: Start
     into the 64 MiB answer when the file changes."""
     path = tree.root / "long.bin"
     with open(path, "wb") as f:
-        f.truncate(64 * wire.SLICE_DATA_BYTES)  # sparse: costs no disk
+        f.truncate(64 * protocol.SLICE_DATA_BYTES)  # sparse: costs no disk
     hub = start_hub(tree.root)
     entry = snapshot_paths(hub)[b"long.bin"]
-    total = wire.framed_size(entry.size)
+    total = protocol.framed_size(entry.size)
     url = urlsplit(hub.url)
     with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
-        sock.sendall(f"GET {wire.blob_path(entry.file_id, entry.version)} HTTP/1.1\r\n"
+        sock.sendall(f"GET {protocol.blob_path(entry.file_id, entry.version)} HTTP/1.1\r\n"
                      f"Host: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
         got = sock.recv(1 << 16)
         assert got.startswith(b"HTTP/1.1 200"), got[:200]
