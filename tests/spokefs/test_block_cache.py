@@ -458,17 +458,22 @@ async def test_prefetched_chunks_wait_for_their_reader(tmp_path):
 # -- corruption and crashes ---------------------------------------------------------------
 
 
+def flip_stored_byte(path, stored: bytes) -> None:
+    """Flip one byte inside ``stored`` where it lies in ``path/data.mdb``, behind the
+    cache's back (the cache must be closed)."""
+    raw = bytearray((path / "data.mdb").read_bytes())
+    at = raw.find(stored)
+    assert at > 0
+    raw[at + 10] ^= 0xFF
+    (path / "data.mdb").write_bytes(raw)
+
+
 async def test_corrupt_block_is_dropped_and_reported_missing(tmp_path):
     data = os.urandom(BLOCK_SIZE * 4)
     cache = BlockCache(tmp_path, 64 << 20)
     await cache.put_runs(5, 5, blocks_of(data, range(4)))
     cache.close()
-    # flip one byte of block 2 in the file, behind the cache's back
-    raw = bytearray((tmp_path / "data.mdb").read_bytes())
-    at = raw.find(data[2 * BLOCK_SIZE : 2 * BLOCK_SIZE + 64])
-    assert at > 0
-    raw[at + 10] ^= 0xFF
-    (tmp_path / "data.mdb").write_bytes(raw)
+    flip_stored_byte(tmp_path, data[2 * BLOCK_SIZE : 2 * BLOCK_SIZE + 64])  # in block 2
     cache = BlockCache(tmp_path, 64 << 20)
     failures = metrics.CHECKSUM_FAILURES._value.get()
     got = await cache.get_blocks(5, 5, 0, 3)
@@ -489,11 +494,7 @@ async def test_a_corrupt_block_fails_a_read_of_most_of_its_chunk(tmp_path):
     cache = BlockCache(tmp_path, 64 << 20)
     await cache.put_runs(5, 5, blocks_of(data, range(CHUNK_BLOCKS)))
     cache.close()
-    raw = bytearray((tmp_path / "data.mdb").read_bytes())
-    at = raw.find(data[7 * BLOCK_SIZE : 7 * BLOCK_SIZE + 64])
-    assert at > 0
-    raw[at + 10] ^= 0xFF
-    (tmp_path / "data.mdb").write_bytes(raw)
+    flip_stored_byte(tmp_path, data[7 * BLOCK_SIZE : 7 * BLOCK_SIZE + 64])  # in block 7
     cache = BlockCache(tmp_path, 64 << 20)
     failures = metrics.CHECKSUM_FAILURES._value.get()
     found = await cache.read_on_disk(5, 5, 0, CHUNK_SIZE, record=False)
