@@ -228,6 +228,11 @@ class CacheStats:
     pinned_bytes: int = 0
 
 
+def _chunk_keys(file_id: int, version: int, blocks: list[int]) -> set[bytes]:
+    """The keys of the chunks that hold ``blocks`` of a file version."""
+    return {KEY.pack(file_id, version, ci) for ci in {i // CHUNK_BLOCKS for i in blocks}}
+
+
 def _all_missing(offset: int, end: int) -> ReadResult:
     return ReadResult(missing=list(range(offset // BLOCK_SIZE, (end - 1) // BLOCK_SIZE + 1)))
 
@@ -509,8 +514,7 @@ class BlockCache:
         metrics.CHECKSUM_FAILURES.inc(len(corrupt))
         self._log.warning("checksum", "dropping %d cached blocks of file %x that failed "
                           "their checksum; fetching them again", len(corrupt), file_id)
-        for ci in {i // CHUNK_BLOCKS for i in corrupt}:
-            key = KEY.pack(file_id, version, ci)
+        for key in _chunk_keys(file_id, version, corrupt):
             self._condemned[key] = self._condemned.get(key, 0) + 1
 
     async def _write_drop(self, file_id: int, version: int, corrupt: list[int]) -> None:
@@ -519,8 +523,7 @@ class BlockCache:
         try:
             await self._write("drop", file_id, version, corrupt)
         finally:
-            for ci in {i // CHUNK_BLOCKS for i in corrupt}:
-                key = KEY.pack(file_id, version, ci)
+            for key in _chunk_keys(file_id, version, corrupt):
                 left = self._condemned.get(key, 0) - 1
                 if left > 0:
                     self._condemned[key] = left
