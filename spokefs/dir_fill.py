@@ -34,10 +34,10 @@ bytes once and leaves the readers mostly reading what has already arrived.
   files were evicted since, e.g. in a later epoch over a dataset larger than the cache), the
   directory is queued again; the files still cached are skipped.
 - **Readers first.** A file a reader misses is fetched at once by the reader itself,
-  through its pack (``fetcher.demand_pack``), whatever the queue holds; the pump skips that
+  through its pack (``BlockSource.fill``), whatever the queue holds; the pump skips that
   pack later as busy or cached.
   A file already in a pack on its way is waited for, and is released to its reader the
-  moment its own bytes have streamed in (``fetcher.fetch_pack``), not at the pack's end.
+  moment its own bytes have streamed in (``BlockSource.fetch_pack``), not at the pack's end.
 - **Bytes in flight** follow the link: about twice its bandwidth-delay product, the peak
   rate at which bytes arrive from the hub times the round trip (the hub client's shortest
   recent wait for an answer; ``link_model.LinkReach``), within ``[_MIN_INFLIGHT_BYTES,
@@ -73,8 +73,8 @@ from typing import Protocol
 import trio
 
 from spokefs import metrics, protocol
+from spokefs.block_source import BlockSource
 from spokefs.errors import SpokeError
-from spokefs.fetcher import Fetcher
 from spokefs.link_model import LinkModel, LinkReach
 from spokefs.types import FileVersion
 
@@ -116,7 +116,7 @@ class DirFiller:
 
     def __init__(
         self,
-        fetcher: Fetcher,
+        source: BlockSource,
         lister: DirLister,
         model: LinkModel,
         *,
@@ -125,7 +125,7 @@ class DirFiller:
         budget_bytes: int,
         reach: LinkReach,
     ) -> None:
-        self._fetcher = fetcher
+        self._source = source
         self._lister_ns = lister
         self._model = model
         self._small = small_file_bytes
@@ -235,9 +235,9 @@ class DirFiller:
             # in a worker thread: after a restart every directory is listed again, and its
             # files' headers, read inline, would hold up the readers
             members = [FileVersion(*m) for p in plans for m in p.members]
-            cached = await self._fetcher.cache.complete_files(members)
+            cached = await self._source.complete_files(members)
             for plan in plans:
-                if any(FileVersion(*m) not in cached and not self._fetcher.in_flight(
+                if any(FileVersion(*m) not in cached and not self._source.in_flight(
                         FileVersion(*m)) for m in plan.members):
                     queue.append((plan, dir_id))
                     state.pending += 1
@@ -288,7 +288,7 @@ class DirFiller:
         while queue := self._queue or self._later:
             plan, dir_id = queue.popleft()
             nbytes = sum(m[2] for m in plan.members
-                         if not self._fetcher.busy_or_cached(FileVersion(*m)))
+                         if not self._source.busy_or_cached(FileVersion(*m)))
             if nbytes:
                 return plan, dir_id, nbytes
             self._done(dir_id)
@@ -298,7 +298,7 @@ class DirFiller:
         """Stop counting fetched files that have left the cache unread (evicted): they use
         no budget any more. Looks at the oldest ``_RECLAIM_SCAN`` (headers, inline)."""
         for key, f in list(itertools.islice(self._unread.items(), _RECLAIM_SCAN)):
-            if not self._fetcher.busy_or_cached(f):
+            if not self._source.busy_or_cached(f):
                 del self._unread[key]
                 self._unread_bytes -= f.size
 
@@ -329,7 +329,7 @@ class DirFiller:
         keys = plan.items
         self._inflight_files.update(keys)
         try:
-            fetched = await self._fetcher.fetch_pack(plan)
+            fetched = await self._source.fetch_pack(plan)
         except SpokeError as exc:  # a failed prefetch costs nothing but its bytes
             metrics.PREFETCH_ERRORS.inc()
             log.debug("directory fill request failed: %s", exc)

@@ -122,12 +122,12 @@ class JobControl:
     async def _check(self, path: Path, uid: int) -> dict[str, object]:
         _, entries = await self._load(path, uid)
         resolved = await trio.to_thread.run_sync(resolve, self._ns, entries)
-        cache = self._replayer.cache
+        replayer = self._replayer
         whole = [t.fv for t in resolved.targets if t.extents is None]
-        cached = await cache.cached_bytes(whole)  # one thread hop for all
+        cached = await replayer.cached_bytes(whole)  # one thread hop for all
         for t in resolved.targets:  # large files read in ranges: few
             if t.extents is not None:  # the file's cached bytes, at most its extents' bytes
-                cached += min(await cache.cached_bytes([t.fv]), t.nbytes(EXTENT_BYTES))
+                cached += min(await replayer.cached_bytes([t.fv]), t.nbytes(EXTENT_BYTES))
         return {**summary(entries), "cached_bytes": cached, "changed": resolved.changed,
                 "missing": resolved.missing,
                 "current_bytes": sum(t.nbytes(EXTENT_BYTES) for t in resolved.targets)}

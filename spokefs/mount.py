@@ -32,11 +32,11 @@ import trio
 from prometheus_client import start_http_server
 
 from spokefs import cachedir, protocol, trace_file
+from spokefs.block_source import BlockSource
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import SpokeConfig
 from spokefs.control import Control
 from spokefs.errors import StoreFailed, UserError
-from spokefs.fetcher import Fetcher
 from spokefs.fuse_ops import SpokeOps
 from spokefs.hub_client import HubClient
 from spokefs.hub_origins import HubOrigins
@@ -181,16 +181,16 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
         cache = _opened(BlockCache, cfg.cache_dir / "blocks", cfg.cache_max_bytes)
         stack.callback(cache.close)
         cachedir.harden(cfg.cache_dir)  # LMDB made its files 0700 under umask 0077: 0600
-        fetcher = Fetcher(cache, hub)
         lister = _DirLister(ns)
+        # --no-prefetch: a miss fetches the file alone, not its pack's other members
+        source = BlockSource(cache, hub, small_file_bytes=cfg.prefetch.small_file_bytes,
+                             packs=lister if cfg.prefetch.enabled else None)
         prefetcher = None
         if cfg.prefetch.enabled:
-            prefetcher = Prefetcher(fetcher, lister, cfg.prefetch, cfg.cache_max_bytes)
+            prefetcher = Prefetcher(source, lister, cfg.prefetch, cfg.cache_max_bytes)
         trace = TraceRecorder(cfg.cache_dir / "trace") if cfg.trace else None
-        # --no-prefetch: a miss fetches the file alone, not its pack's other members
-        reader = Reader(fetcher, prefetcher, cfg.prefetch.small_file_bytes, cfg.hub_deadline_s,
-                        packs=lister if prefetcher is not None else None, trace=trace)
-        replayer, jobs = _job_control(cfg, ns, cache, fetcher, lister, reader, prefetcher,
+        reader = Reader(source, prefetcher, cfg.hub_deadline_s, trace=trace)
+        replayer, jobs = _job_control(cfg, ns, cache, source, lister, reader, prefetcher,
                                       trace)
         ops = SpokeOps(ns, reader, Control(ns, reader, refresher, jobs), cfg)
         try:
@@ -208,7 +208,7 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
                 refresher.mounted(KernelCache())
                 # each restarted if it fails (``supervise``): a bug there must not unmount
                 await nursery.start(supervised, "writer", cache.run)
-                await nursery.start(supervised, "fetcher", fetcher.run)
+                await nursery.start(supervised, "source", source.run)
                 await nursery.start(supervised, "refresher", refresher.run)
                 if trace is not None:
                     await nursery.start(supervised, "trace", trace.run)
@@ -250,18 +250,18 @@ def _opened(store: Callable[..., T], path: Path, *args: object) -> T:
 
 
 def _job_control(
-    cfg: SpokeConfig, ns: Namespace, cache: BlockCache, fetcher: Fetcher, lister: _DirLister,
+    cfg: SpokeConfig, ns: Namespace, cache: BlockCache, source: BlockSource, lister: _DirLister,
     reader: Reader, prefetcher: Prefetcher | None, trace: TraceRecorder | None,
 ) -> tuple[Replayer, JobControl]:
     """The replayer, pins and their control attributes."""
     reach = prefetcher.reach if prefetcher is not None else LinkReach(
-        fetcher.received_bytes, fetcher.rtt_s, cfg.prefetch.assumed_link_bytes_per_s)
+        source.received_bytes, source.rtt_s, cfg.prefetch.assumed_link_bytes_per_s)
 
     def budget() -> int:  # the cache less its fill window and the pins
         return max(0, cache.max_bytes - cache.window_bytes - cache.statistics().pinned_bytes)
 
     replayer = Replayer(
-        fetcher, reach, functools.partial(trace_file.resolve, ns), lister,
+        source, reach, functools.partial(trace_file.resolve, ns), lister,
         small_file_bytes=cfg.prefetch.small_file_bytes,
         request_bytes=cfg.prefetch.request_bytes,
         max_inflight_bytes=cfg.prefetch.max_inflight_bytes, budget_bytes=budget,

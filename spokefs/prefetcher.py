@@ -31,7 +31,7 @@ responses in flight, at most ``max_inflight_bytes``):
    of half the cache.
 
 Priority: demand reads never wait for a prefetch slot (they go to the hub directly, see
-``fetcher``). Stream jobs share one limiter whose size ``LinkModel`` finds by measuring the
+``block_source``). Stream jobs share one limiter whose size ``LinkModel`` finds by measuring the
 delivery rate (enough requests in flight to fill the link, no more than helps); directory
 fills keep about twice the link's bandwidth-delay product in flight.
 
@@ -51,10 +51,10 @@ from dataclasses import dataclass
 import trio
 
 from spokefs import metrics
+from spokefs.block_source import BlockSource
 from spokefs.config import CHUNK_SIZE, PrefetchConfig
 from spokefs.dir_fill import DirFiller, DirLister
 from spokefs.errors import SpokeError, single_spoke_error
-from spokefs.fetcher import Fetcher
 from spokefs.link_model import LinkModel, LinkReach
 from spokefs.stream import Stream
 from spokefs.types import FileVersion
@@ -83,23 +83,23 @@ class Prefetcher:
 
     def __init__(
         self,
-        fetcher: Fetcher,
+        source: BlockSource,
         lister: DirLister,
         cfg: PrefetchConfig,
         cache_max_bytes: int,
     ) -> None:
-        self._fetcher = fetcher
+        self._source = source
         self._cfg = cfg
         self._jobs_tx, self._jobs_rx = trio.open_memory_channel[_Job](_QUEUED_JOBS)
         max_requests = max(1, cfg.max_inflight_bytes // cfg.request_bytes)
         self._min_requests = min(8, max_requests)
         self.model = LinkModel(self._min_requests, max_requests, min(16, max_requests))
         self._limiter = trio.CapacityLimiter(self.model.limit)
-        self.reach = LinkReach(fetcher.received_bytes, fetcher.rtt_s,
+        self.reach = LinkReach(source.received_bytes, source.rtt_s,
                                cfg.assumed_link_bytes_per_s)
         self._lister = lister
         self.dirs = DirFiller(
-            fetcher, lister, self.model, small_file_bytes=cfg.small_file_bytes,
+            source, lister, self.model, small_file_bytes=cfg.small_file_bytes,
             max_inflight_bytes=cfg.max_inflight_bytes,
             budget_bytes=cache_max_bytes // 2, reach=self.reach,
         )
@@ -255,7 +255,7 @@ class Prefetcher:
             nonlocal fetched
             async with self._limiter:
                 began = time.monotonic()
-                nbytes = await self._fetcher.prefetch_range(
+                nbytes = await self._source.prefetch_range(
                     fv, start, min(start + self._cfg.request_bytes, fv.size), warm=True
                 )
                 self.model.record(nbytes, time.monotonic() - began)
@@ -265,7 +265,7 @@ class Prefetcher:
             async with trio.open_nursery() as nursery:
                 for start in range(0, fv.size, self._cfg.request_bytes):
                     nursery.start_soon(one, start)
-        await self._fetcher.cache.flush()  # warmed means stored
+        await self._source.flush()  # warmed means stored
         return fetched
 
     # -- background work ------------------------------------------------------------
@@ -276,7 +276,7 @@ class Prefetcher:
                 continue  # the reader went elsewhere or closed the file
             async with self._limiter:
                 if job.epoch == job.stream.epoch:
-                    fetch = self._fetcher.prefetch_range(job.stream.fv, job.start, job.end)
+                    fetch = self._source.prefetch_range(job.stream.fv, job.start, job.end)
                     await self._timed(fetch)
 
     async def _timed(self, fetch: Awaitable[int]) -> None:

@@ -1,14 +1,13 @@
-"""The read path of one request: take ``[offset, offset + size)`` from the block cache in one
-read transaction and one copy (``BlockCache.read``, inline: no thread hop); on a miss, fetch
-the missing blocks (``fetcher``, single-flight) and read again; tell the prefetcher where the
-reader is, before waiting on anything, so read-ahead overlaps the demand fetch.
+"""The read path of one request, above the cache: hints, trace, deadline and metrics.
+
+``Reader.read`` asks ``block_source`` for ``[offset, offset + size)`` (one read transaction
+and one copy, inline: no thread hop); on a miss it tells the prefetcher (a directory fill may
+start) and asks ``block_source`` to fill the missing blocks, within the deadline. It tells
+the prefetcher where the reader is before waiting on anything, so read-ahead overlaps the
+demand fetch. Everything that touches the cache or the hub is in ``block_source``.
 
 Each stream's first read of a file (of each ``trace.EXTENT_BYTES`` extent, for a large file) is
 noted in the access trace (``trace``): a comparison per read, a set lookup per new extent.
-
-A small file (up to ``small_file_bytes``) is fetched whole on its first miss: one round trip
-instead of one per kernel read; one that belongs in a pack (``protocol.packable``) comes with
-its pack (``fetcher.demand_pack``), so each small file has one URL for a regional cache.
 
 Deadline. A read that misses waits at most ``deadline_s`` (the hub deadline) in all, then
 fails with ``HubUnavailable`` (EIO): waiting for someone else's fetch of the same chunk (a
@@ -25,15 +24,15 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import trio
 
-from spokefs import metrics, protocol
-from spokefs.cache.block_cache import ORIGINS, CacheStats, ReadResult
-from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS
+from spokefs import metrics
+from spokefs.block_source import BlockSource
+from spokefs.cache.block_cache import ORIGINS, CacheStats
+from spokefs.config import BLOCK_SIZE
 from spokefs.errors import HubUnavailable
-from spokefs.fetcher import Fetcher
 from spokefs.stream import Stream
 from spokefs.trace import EXTENT_BYTES, WHOLE, TraceRecorder
 from spokefs.types import FileVersion
@@ -53,24 +52,14 @@ _RETRY_SHARE = 0.1
 _RETRY_MIN_S = 1.0
 
 
-class PackFinder(Protocol):
-    """Where a small file's pack is (``mount._DirLister``)."""
-
-    async def pack_of(self, dir_id: int, fv: FileVersion) -> protocol.PackPlan | None: ...
-
-
 class Reader:
     """Serves reads of open streams from the block cache, filling it from the hub."""
 
-    def __init__(self, fetcher: Fetcher, prefetcher: Prefetcher | None, small_file_bytes: int,
-                 deadline_s: float | None = None, packs: PackFinder | None = None,
-                 trace: TraceRecorder | None = None):
-        self._fetcher = fetcher
-        self._packs = packs
+    def __init__(self, source: BlockSource, prefetcher: Prefetcher | None,
+                 deadline_s: float | None = None, trace: TraceRecorder | None = None):
+        self._source = source
         self._trace = trace
-        self._cache = fetcher.cache
         self._prefetcher = prefetcher
-        self._small = small_file_bytes
         self._deadline_s = deadline_s  # None: only the hub client's own deadlines apply
         # file version -> when its last read failed (see "Deadline")
         self._failing: OrderedDict[tuple[int, int], float] = OrderedDict()
@@ -94,16 +83,16 @@ class Reader:
         """Fetch a whole file into the cache at the link's speed; bytes fetched."""
         if self._prefetcher is not None:
             return await self._prefetcher.warm(fv)
-        fetched = await self._fetcher.prefetch_range(fv, 0, fv.size, warm=True) if fv.size else 0
-        await self._cache.flush()  # warmed means stored
+        fetched = await self._source.prefetch_range(fv, 0, fv.size, warm=True) if fv.size else 0
+        await self._source.flush()  # warmed means stored
         return fetched
 
     async def cached_bytes(self, files: list[FileVersion]) -> int:
         """How many bytes of these file versions are in the cache."""
-        return await self._fetcher.cache.cached_bytes(files)
+        return await self._source.cached_bytes(files)
 
     def cache_statistics(self) -> CacheStats:
-        return self._fetcher.cache.statistics()
+        return self._source.statistics()
 
     async def read(self, stream: Stream, offset: int, size: int) -> bytes:
         """Exactly ``size`` bytes from ``offset``, fewer only at end of file."""
@@ -119,34 +108,25 @@ class Reader:
                 stream.traced_extent = extent
                 self._trace.note(fv, offset, end)
         started = time.monotonic()
-        found = await self._look(fv, offset, end, record=True)
+        found = await self._source.look(fv, offset, end)
         data = found.data
         if data is None:
             if self._prefetcher is not None:
                 self._prefetcher.on_miss(stream)
             data = await self._fill_within_deadline(stream, offset, end, found.missing)
         first, last = offset // BLOCK_SIZE, (end - 1) // BLOCK_SIZE
-        self._fetcher.note_used(fv, first, last)
+        self._source.note_used(fv, first, last)
         _account(len(data), found.by_origin, last - first + 1, len(found.missing),
                  time.monotonic() - started)
         return data
 
-    async def _look(self, fv: FileVersion, offset: int, end: int, *, record: bool) -> ReadResult:
-        """The cache's answer for ``[offset, end)``: inline, or from a worker thread when the
-        bytes are on disk (``record``: count it as a visit, see ``BlockCache.read``)."""
-        found = self._cache.read(fv.file_id, fv.version, offset, end, record=record)
-        if found.on_disk:
-            found = await self._cache.read_on_disk(fv.file_id, fv.version, offset, end,
-                                                   record=record)
-        return found
-
     async def _fill_within_deadline(
         self, stream: Stream, offset: int, end: int, missing: list[int]
     ) -> bytes:
-        """``_fill`` within the deadline; for the kernel's retry of a read that has just
+        """``BlockSource.fill`` within the deadline; for the kernel's retry of a read that has just
         failed, a short one (see the module docstring, "Deadline")."""
         if self._deadline_s is None:
-            return await self._fill(stream, offset, end, missing)
+            return await self._source.fill(stream.fv, stream.parent_id, offset, end, missing)
         key = (stream.fv.file_id, stream.fv.version)
         now = trio.current_time()
         failed_at = self._failing.get(key)
@@ -157,7 +137,7 @@ class Reader:
             budget = self._deadline_s
         with trio.move_on_after(budget):
             try:
-                data = await self._fill(stream, offset, end, missing)
+                data = await self._source.fill(stream.fv, stream.parent_id, offset, end, missing)
             except HubUnavailable:  # the hub client's own deadline, as a rule
                 self._note_failing(key)
                 raise
@@ -172,37 +152,6 @@ class Reader:
         self._failing.move_to_end(key)
         while len(self._failing) > _FAILING_KEPT:
             self._failing.popitem(last=False)
-
-    async def _fill(self, stream: Stream, offset: int, end: int, missing: list[int]) -> bytes:
-        """Fetch (or wait for others' fetches of) the missing blocks, then read again."""
-        fv = stream.fv
-        plan = None
-        if self._packs is not None and protocol.packable(fv.size) and fv.size <= self._small:
-            plan = await self._packs.pack_of(stream.parent_id, fv)
-        if plan is not None:
-            await self._fetcher.demand_pack(plan, fv)
-            found = await self._look(fv, offset, end, record=False)
-            if found.data is not None:
-                return found.data
-            missing = found.missing  # the pack did not bring it: fetch it alone below
-        if fv.size <= self._small:  # a small file comes whole, in one round trip
-            present = self._cache.present_chunks_now(fv, 0, fv.chunks() - 1)
-            wanted = set(missing)
-            wanted.update(
-                b for ci in range(fv.chunks()) if ci not in present
-                for b in range(ci * CHUNK_BLOCKS, min((ci + 1) * CHUNK_BLOCKS, fv.blocks()))
-            )
-            missing = sorted(wanted)
-        while True:
-            await self._fetcher.demand(fv, missing)
-            found = await self._look(fv, offset, end, record=False)
-            if found.data is not None:
-                return found.data
-            missing = found.missing  # others' fetches failed, or the cache let them go
-            # Each round fetches or waits on the hub, but a cache that loses what was just
-            # staged could make one return at once: never spin without letting the deadline,
-            # the writer and every other request run.
-            await trio.lowlevel.checkpoint()
 
 
 def _account(nbytes: int, by_origin: list[int], blocks: int, misses: int,

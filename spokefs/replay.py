@@ -11,7 +11,7 @@ the link's full speed (``spokefs mount --replay``, ``spokefs warm --trace``/``--
   ``request_bytes`` (runs of the trace's extents, cut); requests run in parallel until
   about twice the link's bandwidth-delay product is in flight (``link_model.LinkReach``, as
   directory fills do): a long link is full only when that much is on its way.
-- **Demand first.** A reader's miss is fetched by the reader at once (``fetcher.demand``
+- **Demand first.** A reader's miss is fetched by the reader at once (``BlockSource.fill``
   ignores every background limit), and a replay never has more than its in-flight bound on
   the link ahead of it; what a reader has fetched is skipped when the replay gets there.
 - **Skips what is cached**, so a replay is resumable: run it again and it goes on where it
@@ -41,9 +41,8 @@ from typing import Protocol
 import trio
 
 from spokefs import metrics, protocol
-from spokefs.cache.block_cache import BlockCache
+from spokefs.block_source import BlockSource
 from spokefs.errors import SpokeError
-from spokefs.fetcher import Fetcher
 from spokefs.link_model import LinkReach
 from spokefs.trace import EXTENT_BYTES
 from spokefs.trace_file import Entry, Resolved, Target
@@ -108,11 +107,11 @@ class Replayer:
     """Fetches traces' working sets ahead of the readers."""
 
     def __init__(
-        self, fetcher: Fetcher, reach: LinkReach, resolve: Callable[[list[Entry]], Resolved],
+        self, source: BlockSource, reach: LinkReach, resolve: Callable[[list[Entry]], Resolved],
         packs: PackFinder, *, small_file_bytes: int, request_bytes: int, max_inflight_bytes: int,
         budget_bytes: Callable[[], int],
     ) -> None:
-        self._fetcher = fetcher
+        self._source = source
         self._reach = reach
         self._resolve = resolve
         self._packs = packs
@@ -156,9 +155,9 @@ class Replayer:
             await self._settled.wait()
         return self._progress
 
-    @property
-    def cache(self) -> BlockCache:
-        return self._fetcher.cache
+    async def cached_bytes(self, files: list[FileVersion]) -> int:
+        """How many bytes of these file versions are cached already (a replay's check)."""
+        return await self._source.cached_bytes(files)
 
     # -- the job --------------------------------------------------------------------------
 
@@ -203,7 +202,7 @@ class Replayer:
         try:
             async with trio.open_nursery() as nursery:
                 await self._issue(progress, targets, nursery)
-            await self._fetcher.cache.flush()  # done means stored, as for ``warm``
+            await self._source.flush()  # done means stored, as for ``warm``
         finally:
             progress.seconds = time.monotonic() - started
         progress.state = "done"
@@ -224,7 +223,7 @@ class Replayer:
                 await self._small_file(progress, t, packs, nursery)
                 continue
             for start, end in _ranges(t, self._request_bytes):
-                present = self._fetcher.cache.present_chunks_now(
+                present = self._source.present_chunks(
                     t.fv, start // _CHUNK, (end - 1) // _CHUNK)
                 if len(present) == (end - 1) // _CHUNK - start // _CHUNK + 1:
                     self._done(progress, end - start)
@@ -236,7 +235,7 @@ class Replayer:
                           nursery: trio.Nursery) -> None:
         """A small file comes through its directory's pack (protocol v2: one URL per small
         file, so a regional tier caches it once); a pack is started once per replay."""
-        if self._fetcher.busy_or_cached(t.fv):
+        if self._source.busy_or_cached(t.fv):
             self._done(progress, t.fv.size)
             return
         plan = await self._packs.pack_of(t.dir_id, t.fv)
@@ -260,13 +259,13 @@ class Replayer:
             self._changed = trio.Event()
             with trio.move_on_after(0.25):  # the target follows the link as it is measured
                 await self._changed.wait()
-        await self._fetcher.cache.wait_room()
+        await self._source.wait_room()
         self._inflight += nbytes
         nursery.start_soon(fn, *args)
 
     async def _pack(self, progress: Progress, plan: protocol.PackPlan, job: _PackJob) -> None:
         try:
-            fetched = await self._fetcher.fetch_pack(plan, replay=True)
+            fetched = await self._source.fetch_pack(plan, replay=True)
             got = sum(f.size for f in fetched)
             progress.fetched_bytes += got
         except SpokeError as exc:  # a rerun fetches it
@@ -280,7 +279,7 @@ class Replayer:
 
     async def _range(self, progress: Progress, fv: FileVersion, start: int, end: int) -> None:
         try:
-            got = await self._fetcher.prefetch_range(fv, start, end, replay=True)
+            got = await self._source.prefetch_range(fv, start, end, replay=True)
             progress.fetched_bytes += got  # not ``+= await``: that reads the total first
             self._done(progress, end - start)
         except SpokeError as exc:

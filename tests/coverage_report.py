@@ -24,7 +24,9 @@ import coverage
 # The data path: the spoke's read path and its cache, the protocol, the hub's readers.
 DATA_PATH = [
     "spokefs/reader.py",
-    "spokefs/fetcher.py",
+    "spokefs/block_source.py",
+    "spokefs/claims.py",
+    "spokefs/grid.py",
     "spokefs/prefetcher.py",
     "spokefs/dir_fill.py",
     "spokefs/hub_client.py",

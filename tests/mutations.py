@@ -124,11 +124,11 @@ MUTATIONS = [
         ("tests/spokefs/test_hub_client_hostile.py", "tests/integration/test_foundation.py"),
         "the spoke asks for one framed byte too few"),
     Mutation(
-        "spoke-stage-offset-off-by-one", "spokefs/fetcher.py",
+        "spoke-stage-offset-off-by-one", "spokefs/block_source.py",
         "                off = (b - run.start) * BLOCK_SIZE\n",
         "                off = (b - run.start + 1) * BLOCK_SIZE\n",
         ("tests/spokefs/test_reader.py", "tests/integration/test_foundation.py"),
-        "the fetcher stages a claimed stretch from the wrong block of the answer"),
+        "the block source stages a claimed stretch from the wrong block of the answer"),
     Mutation(
         "eviction-tail-uncounted", "spokefs/cache/store.py",
         "-(len(value) + len(head.tail) if value is not None else 0)",

@@ -16,6 +16,7 @@ import trio.lowlevel
 from spoke_fakes import FakeHub, poll_until
 
 from spokefs import metrics
+from spokefs.block_source import BlockSource
 from spokefs.cache.block_cache import (
     ORIGIN_DEMAND,
     ORIGIN_PREFETCH,
@@ -26,7 +27,6 @@ from spokefs.cache.block_cache import (
 )
 from spokefs.cache.layout import KEY, PINNED, PROTECTED, ChunkHead
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
-from spokefs.fetcher import Fetcher
 from spokefs.reader import Reader
 from spokefs.types import FileVersion
 
@@ -144,10 +144,11 @@ async def test_reader_counts_hits_by_origin(tmp_path):
     fv = FileVersion(3, 1, CHUNK_SIZE * 8)
     data = os.urandom(fv.size)
     hub = FakeHub({(3, 1): data})
-    fetcher = Fetcher(BlockCache(tmp_path, 64 << 20), hub)  # type: ignore[arg-type]
-    reader = Reader(fetcher, None, 0)
+    cache = BlockCache(tmp_path, 64 << 20)
+    source = BlockSource(cache, hub)  # type: ignore[arg-type]
+    reader = Reader(source, None)
     stream = reader.open(fv, 2)
-    await fetcher.prefetch_range(fv, 0, 4 * CHUNK_SIZE)
+    await source.prefetch_range(fv, 0, 4 * CHUNK_SIZE)
     before = {o: hits(o) for o in ("demand", "prefetch", "warm")}
     assert await reader.read(stream, 0, 4 * CHUNK_SIZE) == data[: 4 * CHUNK_SIZE]
     block = data[4 * CHUNK_SIZE : 4 * CHUNK_SIZE + BLOCK_SIZE]
@@ -156,7 +157,7 @@ async def test_reader_counts_hits_by_origin(tmp_path):
     assert hits("prefetch") - before["prefetch"] == 4 * CHUNK_BLOCKS
     assert hits("demand") - before["demand"] == 1
     assert hits("warm") == before["warm"]
-    fetcher.cache.close()
+    cache.close()
 
 
 # -- capacity -----------------------------------------------------------------------------

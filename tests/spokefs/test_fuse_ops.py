@@ -13,10 +13,10 @@ from prometheus_client import REGISTRY
 from spoke_fakes import FakeHub
 
 from spokefs import protocol
+from spokefs.block_source import BlockSource
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import SpokeConfig
 from spokefs.control import Control
-from spokefs.fetcher import Fetcher
 from spokefs.fuse_ops import SpokeOps
 from spokefs.namespace import ROOT_INODE, Namespace
 from spokefs.protocol import Entry
@@ -39,8 +39,9 @@ def make_ops(tmp_path: Path, open_mode: str, control: bool = False):
         Entry(0x300, ROOT, stat.S_IFLNK | 0o777, 0, 10, 1, 0, b"l", b"f"),
     ]))
     cache = BlockCache(tmp_path / "blocks", 16 << 20)
-    fetcher = Fetcher(cache, FakeHub({(0x200, 9): DATA}))  # type: ignore[arg-type]
-    reader = Reader(fetcher, None, 1 << 20)
+    source = BlockSource(cache, FakeHub({(0x200, 9): DATA}),  # type: ignore[arg-type]
+                         small_file_bytes=1 << 20)
+    reader = Reader(source, None)
     cfg = SpokeConfig("http://hub", tmp_path, tmp_path, 16 << 20, uid=7, gid=8,
                       open_mode=open_mode)
     ctl = Control(ns, reader, None) if control else None  # type: ignore[arg-type]

@@ -9,9 +9,9 @@ from spoke_fakes import FakeHub, poll_until
 from trio.testing import wait_all_tasks_blocked
 
 from spokefs import protocol
+from spokefs.block_source import BlockSource
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import PrefetchConfig
-from spokefs.fetcher import Fetcher
 from spokefs.prefetcher import Prefetcher
 from spokefs.reader import Reader
 from spokefs.stream import Stream
@@ -24,8 +24,9 @@ CFG = PrefetchConfig(window_initial_bytes=512 << 10, window_max_bytes=16 * MiB,
 
 
 def setup(tmp_path, files, dirs=None, delay_s=0.03):
+    """hub, prefetcher, reader, cache, source; run the source while reading (packs)."""
     hub = FakeHub(files, delay_s)
-    fetcher = Fetcher(BlockCache(tmp_path, 1 << 30), hub)  # type: ignore[arg-type]
+    cache = BlockCache(tmp_path, 1 << 30)
 
     class Lister:  # one directory level: no siblings; files named in the order given
         async def packs(self, dir_id: int) -> list[protocol.PackPlan]:
@@ -52,12 +53,14 @@ def setup(tmp_path, files, dirs=None, delay_s=0.03):
             return f.file_id, f.version, f.size
 
     lister = Lister()
-    prefetcher = Prefetcher(fetcher, lister, CFG, 1 << 30)
-    return hub, prefetcher, Reader(fetcher, prefetcher, CFG.small_file_bytes, packs=lister)
+    source = BlockSource(cache, hub, small_file_bytes=CFG.small_file_bytes,  # type: ignore[arg-type]
+                         packs=lister)
+    prefetcher = Prefetcher(source, lister, CFG, 1 << 30)
+    return hub, prefetcher, Reader(source, prefetcher), cache, source
 
 
 def test_window_grows_on_sequential_reads_and_closes_on_random(tmp_path):
-    _, pf, _ = setup(tmp_path, {})
+    _, pf, _, _, _ = setup(tmp_path, {})
     s = pf.on_open(FileVersion(5, 1, 256 * MiB), 2)
     windows = []
     for i in range(8):
@@ -72,7 +75,7 @@ def test_window_grows_on_sequential_reads_and_closes_on_random(tmp_path):
 
 
 def test_slightly_out_of_order_reads_still_count_as_sequential(tmp_path):
-    _, pf, _ = setup(tmp_path, {})
+    _, pf, _, _, _ = setup(tmp_path, {})
     s = pf.on_open(FileVersion(5, 1, 256 * MiB), 2)
     for off in (0, 2, 1, 3, 5, 4, 6, 7):
         pf.on_read(s, off * MiB, MiB)
@@ -80,7 +83,7 @@ def test_slightly_out_of_order_reads_still_count_as_sequential(tmp_path):
 
 
 def test_random_reader_queues_nothing(tmp_path):
-    _, pf, _ = setup(tmp_path, {})
+    _, pf, _, _, _ = setup(tmp_path, {})
     s = pf.on_open(FileVersion(5, 1, 1 << 34), 2)
     for i in range(200):
         pf.on_read(s, (i * 7919 % 4001) * 4 * MiB, 4096)
@@ -90,10 +93,11 @@ def test_random_reader_queues_nothing(tmp_path):
 
 async def test_sequential_cold_read_moves_the_file_once(tmp_path, autojump_clock):
     data = os.urandom(48 * MiB + 12345)
-    hub, pf, reader = setup(tmp_path, {(5, 1): data})
+    hub, pf, reader, cache, source = setup(tmp_path, {(5, 1): data})
     async with trio.open_nursery() as nursery:
         await nursery.start(pf.run)
-        await nursery.start(reader._cache.run)
+        await nursery.start(source.run)
+        await nursery.start(cache.run)
         s = reader.open(FileVersion(5, 1, len(data)), 2)
         for off in range(0, len(data), MiB):
             assert await reader.read(s, off, MiB) == data[off : off + MiB]
@@ -111,10 +115,11 @@ async def test_demand_reads_do_not_wait_behind_prefetch(tmp_path):
     # real clock: the cache's thread hops would let an autojump clock run past the fetches
     big = os.urandom(64 * MiB)
     other = os.urandom(8 * MiB)
-    hub, pf, reader = setup(tmp_path, {(5, 1): big, (6, 1): other}, delay_s=1.0)
+    hub, pf, reader, cache, source = setup(tmp_path, {(5, 1): big, (6, 1): other}, delay_s=1.0)
     async with trio.open_nursery() as nursery:
         await nursery.start(pf.run)
-        await nursery.start(reader._cache.run)
+        await nursery.start(source.run)
+        await nursery.start(cache.run)
         s = reader.open(FileVersion(5, 1, len(big)), 2)
         for off in range(0, 8 * MiB, MiB):  # ramps the window: many prefetches queued
             pf.on_read(s, off, MiB)
@@ -132,15 +137,16 @@ async def test_demand_reads_do_not_wait_behind_prefetch(tmp_path):
 async def test_directory_fill_starts_at_the_first_miss(tmp_path):
     files = {(100 + i, 1): os.urandom(20_000 + i) for i in range(40)}
     listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in files.items()]
-    hub, pf, reader = setup(tmp_path, files, dirs={7: listing})
+    hub, pf, reader, cache, source = setup(tmp_path, files, dirs={7: listing})
     async with trio.open_nursery() as nursery:
         await nursery.start(pf.run)
-        await nursery.start(reader._cache.run)
+        await nursery.start(source.run)
+        await nursery.start(cache.run)
         s = reader.open(listing[0], 7)
         assert await reader.read(s, 0, 4096) == files[(listing[0].file_id, 1)][:4096]
         rest = listing[1:]
         with trio.fail_after(10):  # real clock: the cache's writer runs in a thread
-            await poll_until(lambda: all(reader._cache.has_file(fv) for fv in rest), 0.02)
+            await poll_until(lambda: all(cache.has_file(fv) for fv in rest), 0.02)
         calls_before, packs_before = len(hub.calls), len(hub.packs)
         for fv in rest:  # the rest is served from the cache
             s = reader.open(fv, 7)
@@ -157,11 +163,12 @@ async def test_directory_fill_starts_at_the_first_miss(tmp_path):
 async def test_a_waiting_reader_gets_its_file_before_its_pack_ends(tmp_path):
     files = {(100 + i, 1): os.urandom(20_000 + i) for i in range(40)}
     listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in files.items()]
-    hub, pf, reader = setup(tmp_path, files, dirs={7: listing}, delay_s=0.05)
+    hub, pf, reader, cache, source = setup(tmp_path, files, dirs={7: listing}, delay_s=0.05)
     hub.per_file_s = 0.1  # the pack streams one file per 0.1 s: 4 s in all
     async with trio.open_nursery() as nursery:
         await nursery.start(pf.run)
-        await nursery.start(reader._cache.run)
+        await nursery.start(source.run)
+        await nursery.start(cache.run)
         pf.on_miss(Stream(listing[-1], 7))  # a read of the last file missed: fill starts
         with trio.fail_after(5):
             await poll_until(lambda: bool(hub.packs), 0.01)
@@ -178,10 +185,10 @@ async def test_a_waiting_reader_gets_its_file_before_its_pack_ends(tmp_path):
 async def test_an_evicted_directory_is_filled_again(tmp_path):
     files = {(100 + i, 1): os.urandom(20_000 + i) for i in range(20)}
     listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in files.items()]
-    hub, pf, reader = setup(tmp_path, files, dirs={7: listing})
-    cache = reader._cache
+    hub, pf, reader, cache, source = setup(tmp_path, files, dirs={7: listing})
     async with trio.open_nursery() as nursery:
         await nursery.start(pf.run)
+        await nursery.start(source.run)
         await nursery.start(cache.run)
         pf.on_miss(Stream(listing[-1], 7))
         with trio.fail_after(10):
@@ -202,13 +209,13 @@ async def test_an_evicted_directory_is_filled_again(tmp_path):
 async def test_a_directory_whose_first_read_hits_is_not_listed(tmp_path):
     files = {(100 + i, 1): os.urandom(20_000 + i) for i in range(10)}
     listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in files.items()]
-    hub, pf, reader = setup(tmp_path, files, dirs={7: listing})
-    cache = reader._cache
+    hub, pf, reader, cache, source = setup(tmp_path, files, dirs={7: listing})
     async with trio.open_nursery() as nursery:
         await nursery.start(cache.run)
         cache.stage(100, 1, [(0, files[(100, 1)])])  # cached, as after a restart
         await cache.flush()
         await nursery.start(pf.run)
+        await nursery.start(source.run)
         s = reader.open(listing[0], 7)
         assert await reader.read(s, 0, 4096) == files[(100, 1)][:4096]
         await trio.sleep(0.5)
@@ -217,7 +224,7 @@ async def test_a_directory_whose_first_read_hits_is_not_listed(tmp_path):
 
 
 def test_new_stream_window_starts_at_the_links_bandwidth_delay_product(tmp_path):
-    hub, pf, _ = setup(tmp_path, {})
+    hub, pf, _, _, _ = setup(tmp_path, {})
     hub.rtt_s = 0.05  # 1 Gbit/s assumed until measured: 6.25 MB in flight fill the link
     s = pf.on_open(FileVersion(5, 1, 256 * MiB), 2)
     pf.on_read(s, 0, MiB)
@@ -233,10 +240,11 @@ def test_new_stream_window_starts_at_the_links_bandwidth_delay_product(tmp_path)
 async def test_a_run_of_shards_is_read_ahead_across_file_ends(tmp_path, autojump_clock):
     shards = {(100 + i, 1): os.urandom(6 * MiB + 1000 * i) for i in range(4)}
     listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in shards.items()]
-    hub, pf, reader = setup(tmp_path, shards, dirs={7: listing})
+    hub, pf, reader, cache, source = setup(tmp_path, shards, dirs={7: listing})
     async with trio.open_nursery() as nursery:
         await nursery.start(pf.run)
-        await nursery.start(reader._cache.run)
+        await nursery.start(source.run)
+        await nursery.start(cache.run)
         for fv in listing[:2]:  # a reader takes the first two shards in name order
             s = reader.open(fv, 7)
             if fv == listing[1]:
@@ -259,9 +267,10 @@ async def test_a_run_of_shards_is_read_ahead_across_file_ends(tmp_path, autojump
 async def test_a_jump_cuts_off_the_next_shard(tmp_path, autojump_clock):
     shards = {(100 + i, 1): os.urandom(12 * MiB) for i in range(2)}
     listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in shards.items()]
-    _, pf, reader = setup(tmp_path, shards, dirs={7: listing})
+    _, pf, reader, _, source = setup(tmp_path, shards, dirs={7: listing})
     async with trio.open_nursery() as nursery:
         await nursery.start(pf.run)
+        await nursery.start(source.run)
         s = reader.open(listing[0], 7)
         for off in range(0, 10 * MiB, MiB):  # nears the end: the window spills over
             pf.on_read(s, off, MiB)
@@ -280,10 +289,10 @@ async def test_a_readdir_arms_its_directory_and_the_next_miss_fills_it(tmp_path)
     listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in files.items()]
     other = FileVersion(999, 1, 5000)
     files[(999, 1)] = os.urandom(5000)
-    hub, pf, reader = setup(tmp_path, files, dirs={7: listing, 8: [other]})
-    cache = reader._cache
+    hub, pf, reader, cache, source = setup(tmp_path, files, dirs={7: listing, 8: [other]})
     async with trio.open_nursery() as nursery:
         await nursery.start(pf.run)
+        await nursery.start(source.run)
         await nursery.start(cache.run)
         pf.on_readdir(7)
         await trio.sleep(1)

@@ -8,23 +8,24 @@ import trio
 from spoke_fakes import FakeHub, poll_until
 
 from spokefs import protocol
+from spokefs.block_source import BlockSource
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import BLOCK_SIZE
 from spokefs.errors import HubUnavailable
-from spokefs.fetcher import Fetcher
 from spokefs.reader import Reader
 from spokefs.types import FileVersion
 
 SMALL = 64 << 10
-# A safety net, not a timing assertion: a read whose fill never completes (a fetcher that
+# A safety net, not a timing assertion: a read whose fill never completes (a source that
 # stages the wrong blocks, say) fails with HubUnavailable instead of spinning forever.
 DEADLINE_S = 30.0
 
 
 def make(tmp_path, files, quota=64 << 20, delay_s=0.0):
     hub = FakeHub(files, delay_s)
-    fetcher = Fetcher(BlockCache(tmp_path, quota), hub)  # type: ignore[arg-type]
-    return hub, Reader(fetcher, None, SMALL, deadline_s=DEADLINE_S)
+    source = BlockSource(BlockCache(tmp_path, quota), hub,  # type: ignore[arg-type]
+                         small_file_bytes=SMALL)
+    return hub, Reader(source, None, deadline_s=DEADLINE_S)
 
 
 async def test_random_reads_equal_source_slices(tmp_path):
@@ -143,14 +144,15 @@ async def test_a_read_behind_a_failing_prefetch_fails_within_one_deadline(tmp_pa
     # what is left of the read's deadline, not a whole new one. Real clock: the cache's
     # thread hops would let an autojump clock leap past the deadlines under test.
     hub = _DownHub(1.0)
-    fetcher = Fetcher(BlockCache(tmp_path, 64 << 20), hub)  # type: ignore[arg-type]
-    reader = Reader(fetcher, None, SMALL, deadline_s=1.0)
+    source = BlockSource(BlockCache(tmp_path, 64 << 20), hub,  # type: ignore[arg-type]
+                         small_file_bytes=SMALL)
+    reader = Reader(source, None, deadline_s=1.0)
     fv = FileVersion(3, 1, BLOCK_SIZE * 64)
     stream = reader.open(fv, 2)
 
     async def prefetch() -> None:
         with pytest.raises(HubUnavailable):
-            await fetcher.prefetch_range(fv, 0, fv.size)
+            await source.prefetch_range(fv, 0, fv.size)
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(prefetch)

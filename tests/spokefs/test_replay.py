@@ -12,9 +12,9 @@ import trio
 from spoke_fakes import FakeHub
 
 from spokefs import protocol
+from spokefs.block_source import BlockSource
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import CHUNK_SIZE
-from spokefs.fetcher import Fetcher
 from spokefs.link_model import LinkReach
 from spokefs.replay import Replayer
 from spokefs.trace import EXTENT_BYTES
@@ -46,14 +46,14 @@ def _setup(tmp_path, files: dict[str, bytes], budget: int = 1 << 40):
     dir_ids = {d: 1000 + n for n, d in enumerate(sorted({p.rpartition("/")[0] for p in files}))}
     hub = FakeHub({(fv.file_id, 1): files[p] for p, fv in fvs.items()}, delay_s=0.01)
     cache = BlockCache(tmp_path, 1 << 30)
-    fetcher = Fetcher(cache, hub)  # type: ignore[arg-type]
+    source = BlockSource(cache, hub)  # type: ignore[arg-type]
 
     def resolve(entries: list[Entry]) -> Resolved:
         targets = [Target(fvs[e.path], e.extents, dir_ids[e.path.rpartition("/")[0]])
                    for e in entries if e.path in fvs]
         return Resolved(targets, 0, sum(1 for e in entries if e.path not in fvs))
 
-    replayer = Replayer(fetcher, LinkReach(lambda: 0, lambda: None, 1e8), resolve,
+    replayer = Replayer(source, LinkReach(lambda: 0, lambda: None, 1e8), resolve,
                         FakePacks(fvs, dir_ids), small_file_bytes=1 << 20,
                         request_bytes=REQUEST, max_inflight_bytes=64 << 20,
                         budget_bytes=lambda: budget)

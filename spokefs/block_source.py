@@ -1,0 +1,393 @@
+"""The one way into the block cache on the read path: look, claim, fetch, stage, answer.
+
+A read asks ``BlockSource.look`` for a range; on a miss it asks ``BlockSource.fill``, which
+claims the chunks nobody is fetching (``claims``, single flight), waits for the others,
+fetches what it claimed from the hub, stages it in the cache and answers with the bytes.
+Fills ahead of readers (``prefetch_range``, ``fetch_pack``: the prefetcher, directory fills,
+replays, ``spokefs warm``) go through the same claims, so nothing is fetched twice. No other
+module reaches the cache on the read path, and nothing here calls back out: a read goes
+FUSE layer -> ``reader`` -> here -> ``cache`` (and the hub client) and returns.
+
+Fetched bytes are *staged* (``BlockCache.stage``): readers see them at once and the cache's
+writer stores them later, many fills to one transaction. So no read ever waits for a store,
+and a chunk is released to its waiters the moment its bytes are in.
+
+Ranges are asked for on the hub client's grid (``grid``): a run of missing blocks is widened
+to the grid, the free chunks of the widened range are claimed too (so what is fetched is
+kept), and only blocks of claimed chunks are staged.
+
+- ``fill``: the blocks a read is missing. A small file (up to ``small_file_bytes``) comes
+  whole in one round trip; one that belongs in a pack (``protocol.packable``, and a
+  ``PackFinder`` is given) comes with its directory's pack, so behind a tier each small file
+  has one URL. The read returns once its own file is in; the pack streams on in the task
+  group of ``run``. Demand fetches go straight to the hub: no prefetch limit applies.
+- ``prefetch_range``: whole chunks of a byte range that are neither cached nor in flight;
+  never waits for others.
+- ``fetch_pack``: the members of one pack that are neither cached nor in flight, each
+  released to its waiters as soon as its last byte has streamed in.
+
+Prefetched chunks are remembered (bounded) until a read uses them (``note_used``), which
+gives the prefetch "used" figure; "wasted" is what was prefetched and evicted or never read.
+
+Concurrency: ``run`` holds one task group for the packs that demand reads start; it must be
+running before the first ``fill``. A demand read claims the pack's free members
+synchronously, starts the pack there and waits only for its own file's claim; the pack's
+task releases every claim whatever happens and keeps the last ``_PACK_ERRORS_KEPT`` failures
+for the readers that waited (a stale pack, 412, makes them fetch their file alone; any other
+failure is raised to them).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Protocol
+
+import trio
+
+from spokefs import metrics, protocol
+from spokefs.cache.block_cache import (
+    ORIGIN_DEMAND,
+    ORIGIN_PREFETCH,
+    ORIGIN_REPLAY,
+    ORIGIN_WARM,
+    BlockCache,
+    CacheStats,
+    ReadResult,
+)
+from spokefs.claims import ChunkKey, Claims
+from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
+from spokefs.errors import SpokeError, StaleExport, single_spoke_error
+from spokefs.grid import chunk_blocks, grid_runs
+from spokefs.hub_client import HubClient
+from spokefs.types import FileVersion
+
+_PACK_ERRORS_KEPT = 64  # failures of demand packs, until their readers look
+_TRACKED_PREFETCH_CHUNKS = 1 << 20  # ~100 MiB of bookkeeping at most
+
+MemberKey = tuple[int, int]  # (file id, version) of a pack member
+
+
+class PackFinder(Protocol):
+    """Where a small file's pack is (``mount.DirLister``)."""
+
+    async def pack_of(self, dir_id: int, fv: FileVersion) -> protocol.PackPlan | None: ...
+
+
+class BlockSource:
+    """The block cache, filled from the hub, single flight per chunk."""
+
+    def __init__(self, cache: BlockCache, hub: HubClient, *, small_file_bytes: int = 0,
+                 packs: PackFinder | None = None) -> None:
+        self._cache = cache
+        self._hub = hub
+        self._small = small_file_bytes
+        self._packs = packs
+        self._claims = Claims()
+        self._nursery: trio.Nursery | None = None
+        self._pack_errors: OrderedDict[str, SpokeError] = OrderedDict()  # of demand packs
+        self._prefetched: OrderedDict[ChunkKey, int] = OrderedDict()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Hosts the packs that demand reads start, so a read returns once its own file is
+        in while the rest of its pack streams on."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+
+    # -- a read ---------------------------------------------------------------------
+
+    async def look(self, fv: FileVersion, offset: int, end: int, *,
+                   record: bool = True) -> ReadResult:
+        """The cache's answer for ``[offset, end)``: inline, or from a worker thread when
+        the bytes are on disk (``record``: count it as a visit, see ``BlockCache.read``)."""
+        found = self._cache.read(fv.file_id, fv.version, offset, end, record=record)
+        if found.on_disk:
+            found = await self._cache.read_on_disk(fv.file_id, fv.version, offset, end,
+                                                   record=record)
+        return found
+
+    async def fill(self, fv: FileVersion, parent_id: int, offset: int, end: int,
+                   missing: list[int]) -> bytes:
+        """The bytes of ``[offset, end)``, whose blocks ``missing`` were not cached: fetch
+        (or wait for others' fetches of) them, stage them, answer."""
+        small = fv.size <= self._small
+        if small and self._packs is not None and protocol.packable(fv.size):
+            plan = await self._packs.pack_of(parent_id, fv)
+            if plan is not None:
+                await self._demand_pack(plan, fv)
+                found = await self.look(fv, offset, end, record=False)
+                if found.data is not None:
+                    return found.data
+                missing = found.missing  # the pack did not bring it: fetch it alone below
+        if small:  # a small file comes whole, in one round trip
+            present = self._cache.present_chunks_now(fv, 0, fv.chunks() - 1)
+            wanted = set(missing)
+            wanted.update(b for ci in range(fv.chunks()) if ci not in present
+                          for b in chunk_blocks(ci, fv.blocks()))
+            missing = sorted(wanted)
+        while True:
+            await self._demand(fv, missing)
+            found = await self.look(fv, offset, end, record=False)
+            if found.data is not None:
+                return found.data
+            missing = found.missing  # others' fetches failed, or the cache let them go
+            # Each round fetches or waits on the hub, but a cache that loses what was just
+            # staged could make one return at once: never spin without letting the deadline,
+            # the writer and every other request run.
+            await trio.lowlevel.checkpoint()
+
+    def note_used(self, fv: FileVersion, first: int, last: int) -> None:
+        """A read used blocks ``first..last``: count the prefetched chunks among them."""
+        if not self._prefetched:
+            return
+        for ci in range(first // CHUNK_BLOCKS, last // CHUNK_BLOCKS + 1):
+            nbytes = self._prefetched.pop((fv.file_id, fv.version, ci), None)
+            if nbytes is not None:
+                metrics.PREFETCH_USED_BYTES.inc(nbytes)
+
+    async def _demand(self, fv: FileVersion, missing: list[int]) -> None:
+        """Fetch the chunks of the missing blocks that nobody else is fetching and stage
+        them; wait for the rest. Afterwards the blocks are in the cache unless a fetch failed
+        (raised) or the cache dropped them meanwhile (the caller looks again)."""
+        chunks = sorted({i // CHUNK_BLOCKS for i in missing})
+        claimed, waits = self._claims.claim(fv, chunks)
+        extra = self._claim_rest_of_grid(fv, chunks)
+        mine = [i for i in missing if (fv.file_id, fv.version, i // CHUNK_BLOCKS) in claimed]
+        claimed |= extra
+        mine.extend(b for _, _, ci in extra for b in chunk_blocks(ci, fv.blocks()))
+        try:
+            runs = grid_runs(mine, self._hub.align_bytes // BLOCK_SIZE, fv.blocks())
+            if len(runs) == 1:
+                await self._fetch_stage(fv, runs[0], claimed, ORIGIN_DEMAND)
+            elif runs:
+                with single_spoke_error():
+                    async with trio.open_nursery() as nursery:
+                        for run in runs:
+                            nursery.start_soon(self._fetch_stage, fv, run, claimed,
+                                               ORIGIN_DEMAND)
+        finally:
+            self._claims.release(claimed)
+        for event in waits:
+            await event.wait()
+
+    async def _demand_pack(self, plan: protocol.PackPlan, fv: FileVersion) -> None:
+        """Fetch ``fv`` (a member of ``plan``) through its pack, or wait for whoever fetches
+        it; the other members nobody is fetching come along and are staged as prefetched.
+
+        Returns once ``fv`` has arrived: the rest of the pack streams on in the task group
+        of ``run``. Falls back to fetching ``fv`` alone when the pack is stale on the hub
+        (another generation: 412) or answered it gone; raises what the pack fetch raised
+        otherwise."""
+        if self._nursery is None:
+            raise RuntimeError("BlockSource.run is not running")
+        if not self._claims.busy(fv, 0):
+            free, claims = self._claim_pack(plan)
+            self._nursery.start_soon(self._demand_pack_task, plan, free, claims, fv)
+        if (event := self._claims.event(fv, 0)) is not None:
+            await event.wait()
+        if self.busy_or_cached(fv):
+            return
+        error = self._pack_errors.pop(plan.path, None)
+        if error is not None and not isinstance(error, StaleExport):
+            raise error
+        await self._demand(fv, list(range(fv.blocks())))  # the pack is stale, or fv gone
+
+    async def _demand_pack_task(self, plan: protocol.PackPlan, free: dict[MemberKey, FileVersion],
+                                claims: dict[MemberKey, set[ChunkKey]], fv: FileVersion) -> None:
+        try:
+            await self._fetch_claimed_pack(plan, free, claims, fv)
+        except SpokeError as exc:  # the waiting reader finds it in _pack_errors
+            self._pack_errors[plan.path] = exc
+            while len(self._pack_errors) > _PACK_ERRORS_KEPT:
+                self._pack_errors.popitem(last=False)
+
+    # -- ahead of readers -------------------------------------------------------------
+
+    def in_flight(self, fv: FileVersion) -> bool:
+        """Whether any of the file's chunks is being fetched."""
+        return self._claims.any_busy(fv)
+
+    def busy_or_cached(self, fv: FileVersion) -> bool:
+        """Whether any of the file's chunks is in flight, or all of it is cached or staged."""
+        return self._claims.any_busy(fv) or self._cache.has_file(fv)
+
+    def present_chunks(self, fv: FileVersion, first: int, last: int) -> set[int]:
+        """Which of chunks ``first..last`` are cached or staged (inline, headers only)."""
+        return self._cache.present_chunks_now(fv, first, last)
+
+    async def complete_files(self, files: list[FileVersion]) -> set[FileVersion]:
+        """Which of these file versions are cached whole."""
+        return await self._cache.complete_files(files)
+
+    async def prefetch_range(self, fv: FileVersion, start: int, end: int, *,
+                             warm: bool = False, replay: bool = False) -> int:
+        """Fetch the chunks of ``[start, end)`` that are not cached or in flight; bytes
+        fetched.
+
+        ``warm``: for ``spokefs warm``; the chunks are stored as warmed (kept like hot data).
+        ``replay``: for a trace replay; stored with their own origin, for hit accounting.
+        """
+        await self._cache.wait_room()
+        first_chunk, last_chunk = start // CHUNK_SIZE, (end - 1) // CHUNK_SIZE
+        present = self._cache.present_chunks_now(fv, first_chunk, last_chunk)
+        wanted = [c for c in range(first_chunk, last_chunk + 1) if c not in present]
+        claimed, _ = self._claims.claim(fv, wanted)
+        claimed |= self._claim_rest_of_grid(fv, wanted)
+        try:
+            origin = ORIGIN_WARM if warm else ORIGIN_REPLAY if replay else ORIGIN_PREFETCH
+            # callers pass about one request's worth, so this is usually one range request
+            blocks = [b for _, _, ci in claimed for b in chunk_blocks(ci, fv.blocks())]
+            runs = grid_runs(blocks, self._hub.align_bytes // BLOCK_SIZE, fv.blocks())
+            sizes: list[int] = []
+
+            async def one(run: range) -> None:
+                sizes.append(await self._fetch_stage(fv, run, claimed, origin))
+
+            with single_spoke_error():
+                async with trio.open_nursery() as nursery:
+                    for run in runs:  # one request, or one per slice behind a tier
+                        nursery.start_soon(one, run)
+            nbytes = sum(sizes)
+            if replay:
+                metrics.REPLAY_FETCHED_BYTES.inc(nbytes)
+            elif not warm:  # warmed bytes are asked for, not guessed: no prefetch accounting
+                self._remember_prefetched(fv, sorted(ci for _, _, ci in claimed))
+                metrics.PREFETCH_ISSUED_BYTES.inc(nbytes)
+            return nbytes
+        finally:
+            self._claims.release(claimed)
+
+    async def fetch_pack(self, plan: protocol.PackPlan, *,
+                         replay: bool = False) -> list[FileVersion]:
+        """Fetch the members of a pack that are neither cached, staged nor in flight; the
+        members fetched (none if every member is taken care of already).
+
+        Each member is staged and released to its waiters as soon as it has arrived,
+        before the pack ends; members cached or in flight are skipped on arrival.
+        ``replay``: for a trace replay (its own origin and byte count).
+        """
+        await self._cache.wait_room()
+        free, claims = self._claim_pack(plan)
+        if not free:
+            return []
+        return await self._fetch_claimed_pack(plan, free, claims, None, replay=replay)
+
+    # -- the cache as a whole -----------------------------------------------------------
+
+    async def wait_room(self) -> None:
+        """Wait while the cache's writer is behind (staged bytes over their bound)."""
+        await self._cache.wait_room()
+
+    async def flush(self) -> None:
+        """Store everything staged so far (``warm`` and replays: done means stored)."""
+        await self._cache.flush()
+
+    async def cached_bytes(self, files: list[FileVersion]) -> int:
+        """How many bytes of these file versions are in the cache."""
+        return await self._cache.cached_bytes(files)
+
+    def statistics(self) -> CacheStats:
+        return self._cache.statistics()
+
+    def received_bytes(self) -> int:
+        """Bytes that have arrived from the hub so far (every kind of request)."""
+        return self._hub.received_bytes
+
+    def rtt_s(self) -> float | None:
+        """The hub's round trip as measured (the shortest recent wait for an answer)."""
+        return self._hub.rtt_s
+
+    # -- internals ------------------------------------------------------------------
+
+    def _claim_pack(self, plan: protocol.PackPlan) -> tuple[dict[MemberKey, FileVersion],
+                                                        dict[MemberKey, set[ChunkKey]]]:
+        """Claim the members that are neither cached, staged nor in flight (no await)."""
+        members = [FileVersion(*m) for m in plan.members]
+        free = {(f.file_id, f.version): f for f in members if not self.busy_or_cached(f)}
+        claims = {key: self._claims.claim(f, range(f.chunks()))[0] for key, f in free.items()}
+        return free, claims
+
+    async def _fetch_claimed_pack(
+        self, plan: protocol.PackPlan, free: dict[MemberKey, FileVersion],
+        claims: dict[MemberKey, set[ChunkKey]], demanded: FileVersion | None,
+        *, replay: bool = False,
+    ) -> list[FileVersion]:
+        """Fetch a pack whose ``free`` members are claimed (``claims``); stage each as it
+        arrives, ``demanded`` as a demand fetch. Releases every claim, whatever happens."""
+        fetched: list[FileVersion] = []
+
+        def arrived(key: MemberKey, data: bytes | None) -> None:
+            claimed = claims.pop(key, None)
+            if claimed is None:
+                return  # cached or fetched by someone else meanwhile
+            f = free[key]
+            if data is not None and f == demanded:
+                self._cache.stage(f.file_id, f.version, [(0, data)], ORIGIN_DEMAND)
+            elif data is not None and replay:
+                self._cache.stage(f.file_id, f.version, [(0, data)], ORIGIN_REPLAY)
+                metrics.REPLAY_FETCHED_BYTES.inc(len(data))
+                fetched.append(f)
+            elif data is not None:  # None: gone on the hub; a later open sees the new version
+                self._cache.stage(f.file_id, f.version, [(0, data)], ORIGIN_PREFETCH)
+                self._remember_prefetched(f, list(range(f.chunks())))
+                metrics.PREFETCH_ISSUED_BYTES.inc(len(data))
+                fetched.append(f)
+            self._claims.release(claimed)
+
+        try:
+            if free:
+                await self._hub.fetch_pack(plan, arrived)
+        finally:
+            for claimed in claims.values():
+                self._claims.release(claimed)
+        return fetched
+
+    def _claim_rest_of_grid(self, fv: FileVersion, chunks: list[int]) -> set[ChunkKey]:
+        """Claim the free, missing chunks of the grid cells that ``chunks`` touch (what a
+        request widened to the grid fetches anyway); none when the grid is finer than a
+        chunk (straight to the hub)."""
+        grid = self._hub.align_bytes // CHUNK_SIZE
+        if grid <= 1 or not chunks:
+            return set()
+        last = fv.chunks() - 1
+        extra: list[int] = []
+        for cell in sorted({c // grid for c in chunks}):
+            lo, hi = cell * grid, min(cell * grid + grid - 1, last)
+            present = self._cache.present_chunks_now(fv, lo, hi)
+            extra.extend(c for c in range(lo, hi + 1)
+                         if c not in present and not self._claims.busy(fv, c))
+        return self._claims.claim(fv, extra)[0]
+
+    async def _fetch_stage(self, fv: FileVersion, run: range, claimed: set[ChunkKey],
+                           origin: int) -> int:
+        """Fetch blocks ``run`` and stage those of them whose chunks are in ``claimed``;
+        bytes fetched."""
+        start = run.start * BLOCK_SIZE
+        stop = min(run.stop * BLOCK_SIZE, fv.size)
+        data = await self._hub.fetch_frames(fv.file_id, fv.version, fv.size, start, stop)
+        pieces: list[tuple[int, bytes]] = []  # (first block, bytes) of claimed stretches
+        b = run.start
+        while b < run.stop:
+            stop_b = b
+            while stop_b < run.stop and (fv.file_id, fv.version,
+                                         stop_b // CHUNK_BLOCKS) in claimed:
+                stop_b += 1
+            if stop_b > b:
+                off = (b - run.start) * BLOCK_SIZE
+                pieces.append((b, data[off : off + (stop_b - b) * BLOCK_SIZE]))
+            b = stop_b + 1
+        if pieces:
+            self._cache.stage(fv.file_id, fv.version, pieces, origin)
+        return len(data)
+
+    def _remember_prefetched(self, fv: FileVersion, chunks: list[int]) -> None:
+        size = fv.size
+        for ci in chunks:
+            nbytes = min(CHUNK_SIZE, size - ci * CHUNK_SIZE)
+            self._prefetched[(fv.file_id, fv.version, ci)] = nbytes
+        while len(self._prefetched) > _TRACKED_PREFETCH_CHUNKS:
+            self._prefetched.popitem(last=False)
