@@ -126,7 +126,7 @@ def lmdb_freelist(path: Path) -> dict[str, Any]:
 
 
 class Driver:
-    """Reads through a BlockCache as ``spokefs.reader`` does, filling misses by ``stage``."""
+    """Reads through a BlockCache as ``spokefs.read.reader`` does, filling misses by ``stage``."""
 
     def __init__(self, cache: BlockCache, blocks: Path) -> None:
         self.cache = cache

@@ -12,7 +12,7 @@ dropped first:
 - **stop**: one reader reads the first shard whole and stops; after the link has been quiet
   for a second, the bytes the link carried beyond that shard are the overshoot. It is graded
   against a bound the benchmark computes from what it configured, never from the spoke's
-  gauges: the prefetcher's documented spill rule (spokefs/prefetcher.py: past the end of
+  gauges: the prefetcher's documented spill rule (spokefs/read/prefetcher.py: past the end of
   the file a reader is in, at most twice the link's bandwidth-delay product, never more
   than the 256 MiB window, plus one request) with the link's cap and RTT, 2 x cap x RTT
   (at most 256 MiB) + 4 MiB, and at most the bytes after the shard read. The spoke's own
@@ -98,7 +98,7 @@ GOALS = [
     Goal(OVERSHOOT, "stop_overshoot_of_bound",
          "stop: bytes past the shard read / (2 x cap x RTT, <= 256 MiB, + 4 MiB)", "<=", 1.0),
 ]
-# The spill rule's constants, as spokefs/prefetcher.py's docstring and spokefs/config.py's
+# The spill rule's constants, as spokefs/read/prefetcher.py's docstring and spokefs/config.py's
 # PrefetchConfig state them (defaults; this script passes no prefetch flags): what is read
 # past the end of the reader's file is at most twice the link's bandwidth-delay product and
 # never more than the window (window_max_bytes, 256 MiB), plus one request (request_bytes,

@@ -113,7 +113,7 @@ import benchlib as bl  # noqa: E402
 from longlink import LongLinkProcess  # noqa: E402
 
 from spokefs import protocol, trace_file  # noqa: E402
-from spokefs.bodies import unframed  # noqa: E402
+from spokefs.hub.bodies import unframed  # noqa: E402
 
 RESULTS = HERE / "results" / "train.jsonl"
 KIB, MIB = 1024, 1024 * 1024

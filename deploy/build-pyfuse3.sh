@@ -6,7 +6,7 @@
 #    filesystem (FUSE "no_open": the open handler answered ENOSYS) reaches the read handler
 #    with the inode instead of file handle 0. Stock pyfuse3 passes only the handle, so a
 #    filesystem cannot use no_open at all; with it, a file costs lookup + reads instead of
-#    lookup + open + reads + release (spokefs/fuse_ops.py, "Kernel opens"). Marker:
+#    lookup + open + reads + release (spokefs/fuse/ops.py, "Kernel opens"). Marker:
 #    pyfuse3.SPOKEFS_READ_INODE.
 # 2. Plain readdir. Stock pyfuse3 answers every listing with READDIRPLUS, so the kernel builds
 #    an inode and a dentry for every entry listed: `find` over a million entries spends ~85 %

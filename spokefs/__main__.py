@@ -1,3 +1,3 @@
-from spokefs.entry import main
+from spokefs.cli.entry import main
 
 raise SystemExit(main())

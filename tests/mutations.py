@@ -71,13 +71,13 @@ MUTATIONS = [
         ("tests/spokefs/test_hub_client_hostile.py", "tests/integration/test_foundation.py"),
         "deframing reads each frame's sum 8 bytes early (protocol.split_frames)"),
     Mutation(
-        "spoke-frame-check-dropped", "spokefs/bodies.py",
+        "spoke-frame-check-dropped", "spokefs/hub/bodies.py",
         "            if digest(chunk, seed(file_id, version, first_frame + k)) != want:",
         "            if False:",
         ("tests/spokefs/test_hub_client_hostile.py", "tests/integration/test_hostile_hub.py"),
         "the spoke stops checking frame sums (bodies.unframed)"),
     Mutation(
-        "pack-sum-dropped", "spokefs/hub_client.py",
+        "pack-sum-dropped", "spokefs/hub/client.py",
         "if rec is not None and xxhash.xxh3_64_intdigest(rec[0]) != rec[1]:",
         "if rec is not None and False:",
         ("tests/spokefs/test_hub_client_hostile.py", "tests/integration/test_dir_fill.py"),
@@ -112,19 +112,19 @@ MUTATIONS = [
         ("tests/hubd/test_hubd_ranges.py", "tests/integration/test_foundation.py"),
         "the hub's Range end is exclusive instead of inclusive"),
     Mutation(
-        "spoke-read-end-off-by-one", "spokefs/reader.py",
+        "spoke-read-end-off-by-one", "spokefs/read/reader.py",
         "        end = min(offset + size, fv.size)\n",
         "        end = min(offset + size, fv.size - 1)\n",
         ("tests/spokefs/test_reader.py", "tests/integration/test_foundation.py"),
         "the spoke's reads stop one byte before the end of the file"),
     Mutation(
-        "spoke-range-header-off-by-one", "spokefs/hub_client.py",
+        "spoke-range-header-off-by-one", "spokefs/hub/client.py",
         'headers = {"Range": f"bytes={fstart}-{fstop - 1}"}',
         'headers = {"Range": f"bytes={fstart}-{fstop - 2}"}',
         ("tests/spokefs/test_hub_client_hostile.py", "tests/integration/test_foundation.py"),
         "the spoke asks for one framed byte too few"),
     Mutation(
-        "spoke-stage-offset-off-by-one", "spokefs/block_source.py",
+        "spoke-stage-offset-off-by-one", "spokefs/read/block_source.py",
         "                off = (b - run.start) * BLOCK_SIZE\n",
         "                off = (b - run.start + 1) * BLOCK_SIZE\n",
         ("tests/spokefs/test_reader.py", "tests/integration/test_foundation.py"),
@@ -136,7 +136,7 @@ MUTATIONS = [
         ("tests/spokefs/test_block_cache.py", "tests/integration/test_cache_bound.py"),
         "deleting a chunk forgets to uncount its tail (the cache's byte count drifts up)"),
     Mutation(
-        "read-deadline-doubled", "spokefs/reader.py",
+        "read-deadline-doubled", "spokefs/read/reader.py",
         "            budget = self._deadline_s\n",
         "            budget = self._deadline_s * 2\n",
         ("tests/spokefs/test_reader.py", "tests/integration/test_faults.py"),

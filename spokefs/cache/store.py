@@ -31,9 +31,9 @@ from spokefs.cache.layout import (
     tail_len,
 )
 from spokefs.cache.policy import Plan
+from spokefs.cache.residency import resident
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
 from spokefs.lmdb_env import open_env
-from spokefs.residency import resident
 from spokefs.types import FileVersion
 
 ORIGIN_DEMAND = 0

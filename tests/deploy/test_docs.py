@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from hubd.cli import build_parser as hubd_parser
-from spokefs.cli import _parser as spokefs_parser
-from spokefs.mount_helper import FLAG_OPTIONS, VALUE_OPTIONS
+from spokefs.cli.main import _parser as spokefs_parser
+from spokefs.cli.mount_helper import FLAG_OPTIONS, VALUE_OPTIONS
 from tests.helpers import procs
 
 REPO = procs.REPO_ROOT

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from hubd.cli import build_parser as hubd_parser
-from spokefs.cli import _parser as spokefs_parser
+from spokefs.cli.main import _parser as spokefs_parser
 from tests.helpers import procs
 
 K8S = procs.REPO_ROOT / "deploy" / "kubernetes"

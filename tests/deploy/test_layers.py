@@ -1,7 +1,8 @@
 """The layers of the code base: hubd and the protocol import without pyfuse3, trio or LMDB
 (a hub host runs without FUSE); the spoke's modules import nothing of hubd; only the FUSE
-layer imports pyfuse3, so the CLI runs without it; no import cycles (TYPE_CHECKING ones
-included); no private name imported from another module."""
+layer imports pyfuse3, so the CLI runs without it; the spoke's packages import only the
+packages beneath them; no import cycles (TYPE_CHECKING ones included); no private name
+imported from another module."""
 
 from __future__ import annotations
 
@@ -15,10 +16,15 @@ REPO = Path(__file__).resolve().parents[2]
 # Modules a hub host must be able to import with only `spokefs[hub]` installed.
 _HUB_SIDE = ("hubd.cli", "hubd.server", "hubd.app", "spokefs.protocol")
 # The only modules that may import pyfuse3 (docs/contributing.md, "Layout").
-FUSE_LAYER = ("spokefs.fuse_ops", "spokefs.fuse_errors", "spokefs.kernel", "spokefs.mount")
+FUSE_LAYER = ("spokefs.fuse.ops", "spokefs.fuse.errors", "spokefs.fuse.kernel",
+              "spokefs.fuse.mount")
 # What runs without pyfuse3: the command line (all but the mount itself), the protocol, hubd.
-_NO_FUSE_SIDE = ("spokefs.entry", "spokefs.cli", "spokefs.commands", "spokefs.job_commands",
-                 "spokefs.mount_helper", *_HUB_SIDE)
+_NO_FUSE_SIDE = ("spokefs.cli.entry", "spokefs.cli.main", "spokefs.cli.commands",
+                 "spokefs.cli.job_commands", "spokefs.cli.mount_helper", *_HUB_SIDE)
+# The spoke's packages, each ranked above what it may import (docs/contributing.md, "Layout").
+# "top" is the shared modules at spokefs/'s top (config, errors, types, metrics, ...).
+SPOKE_RANKS = {"protocol": 0, "top": 1, "cache": 2, "hub": 2, "namespace": 3, "read": 4,
+               "jobs": 5, "fuse": 6, "cli": 7}
 _BLOCK = """
 import importlib.abc, sys
 BLOCKED = {blocked!r}
@@ -52,7 +58,8 @@ def test_a_mount_without_pyfuse3_says_what_to_install(tmp_path: Path) -> None:
     """The FUSE layer loads when a mount starts: without pyfuse3, one line, exit 1."""
     args = ["mount", "http://127.0.0.1:9", str(tmp_path), "--cache-dir", str(tmp_path / "c"),
             "--cache-size", "1G"]
-    done = _run_blocked({"pyfuse3"}, f"from spokefs.entry import main\nsys.exit(main({args!r}))")
+    done = _run_blocked({"pyfuse3"},
+                        f"from spokefs.cli.entry import main\nsys.exit(main({args!r}))")
     assert done.returncode == 1, done.stderr
     assert done.stderr == ("spokefs: error: the spoke's dependencies are not installed (no module "
                            "'pyfuse3'); install them with: pip install 'spokefs[spoke]'\n")
@@ -189,10 +196,33 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_sees_type_checking_and_relative_imports() -> None:
     graph = _import_graph()
-    assert "spokefs.prefetcher" in graph["spokefs.reader"]  # under TYPE_CHECKING
+    assert "spokefs.read.prefetcher" in graph["spokefs.read.reader"]  # under TYPE_CHECKING
     assert "spokefs.protocol.base" in graph["spokefs.protocol"]  # relative, from . import
-    assert "spokefs.metrics" in graph["spokefs.fuse_errors"]  # from spokefs import metrics
+    assert "spokefs.metrics" in graph["spokefs.fuse.errors"]  # from spokefs import metrics
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def _spoke_package(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "spokefs" or module == "spokefs.__main__":  # the entry point: above all
+        return None
+    return parts[1] if len(parts) > 1 and parts[1] in SPOKE_RANKS else "top"
+
+
+def test_the_spoke_packages_import_only_downwards() -> None:
+    graph = _import_graph()
+    assert "spokefs.read.block_source" in graph["spokefs.read.reader"]
+    offenders = []
+    for module, imported in sorted(graph.items()):
+        pkg = _spoke_package(module)
+        if pkg is None:
+            continue
+        for target in sorted(imported):
+            to = _spoke_package(target)
+            if to is not None and to != pkg and SPOKE_RANKS[to] >= SPOKE_RANKS[pkg]:
+                offenders.append(f"{module} ({pkg}) imports {target} ({to})")
+    assert not offenders, "\n".join(offenders)
+    assert _spoke_package("spokefs.config") == "top"
 
 
 def test_no_import_cycles() -> None:

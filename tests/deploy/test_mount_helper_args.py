@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spokefs import cli
-from spokefs.mount_helper import HelperError, main, parse_args, spokefs_args
+from spokefs.cli import main as cli
+from spokefs.cli.mount_helper import HelperError, main, parse_args, spokefs_args
 
 FSTAB_OPTIONS = ("cache_dir=/var/cache/spokefs,cache_size=500G,token_file=/etc/spokefs/token,"
                  "_netdev")

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from hubd.cli import build_parser as hubd_parser
-from spokefs.cli import _parser as spokefs_parser
+from spokefs.cli.main import _parser as spokefs_parser
 from tests.helpers import procs
 
 UNITS_DIR = procs.REPO_ROOT / "deploy" / "systemd"

@@ -16,7 +16,6 @@ import trio.lowlevel
 from spoke_fakes import FakeHub, poll_until
 
 from spokefs import metrics
-from spokefs.block_source import BlockSource
 from spokefs.cache.block_cache import (
     ORIGIN_DEMAND,
     ORIGIN_PREFETCH,
@@ -27,7 +26,8 @@ from spokefs.cache.block_cache import (
 )
 from spokefs.cache.layout import KEY, PINNED, PROTECTED, ChunkHead
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
-from spokefs.reader import Reader
+from spokefs.read.block_source import BlockSource
+from spokefs.read.reader import Reader
 from spokefs.types import FileVersion
 
 REPO = Path(__file__).resolve().parents[2]

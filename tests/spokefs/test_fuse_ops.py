@@ -13,14 +13,14 @@ from prometheus_client import REGISTRY
 from spoke_fakes import FakeHub
 
 from spokefs import protocol
-from spokefs.block_source import BlockSource
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import SpokeConfig
-from spokefs.control import Control
-from spokefs.fuse_ops import SpokeOps
-from spokefs.namespace import ROOT_INODE, Namespace
+from spokefs.fuse.control import Control
+from spokefs.fuse.ops import SpokeOps
+from spokefs.namespace.replica import ROOT_INODE, Namespace
 from spokefs.protocol import Entry
-from spokefs.reader import Reader
+from spokefs.read.block_source import BlockSource
+from spokefs.read.reader import Reader
 
 ROOT = 0x100
 DATA = os.urandom(10_000)

@@ -17,7 +17,7 @@ import xxhash
 
 from spokefs import protocol
 from spokefs.errors import CorruptBlock, HubProtocolError, HubUnavailable
-from spokefs.hub_client import HubClient
+from spokefs.hub.client import HubClient
 from tests.hubd.hubd_testlib import framed
 
 DATA = bytes(range(251)) * 50  # 12,550 bytes: four frames, the last one short

@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from spokefs import metrics
-from spokefs.hub_origins import HubOrigins
+from spokefs.hub.origins import HubOrigins
 
 A, B, C = "http://a:1", "http://b:2", "http://c:3"
 

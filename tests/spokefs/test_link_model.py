@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spokefs.link_model import LinkModel, WindowedMin
+from spokefs.hub.link_model import LinkModel, WindowedMin
 
 MB = 1_000_000
 

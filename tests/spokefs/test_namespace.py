@@ -6,7 +6,7 @@ import pytest
 
 from spokefs import protocol
 from spokefs.errors import NotFound
-from spokefs.namespace import ROOT_INODE, Namespace
+from spokefs.namespace.replica import ROOT_INODE, Namespace
 from spokefs.protocol import Entry
 
 ROOT = 0x100
@@ -151,7 +151,7 @@ def test_changes_from_another_generation_are_rejected(tmp_path):
 
 @pytest.mark.parametrize("step", [7, 4096, 1 << 20])
 def test_bulk_load_in_any_step_size_gives_the_same_namespace(tmp_path, monkeypatch, step):
-    from spokefs import namespace
+    from spokefs.namespace import replica as namespace
     monkeypatch.setattr(namespace._BulkLoader, "_STEP", step)
     ns = Namespace(tmp_path)
     info = ns.load_snapshot(protocol.encode_snapshot(7, ROOT, tree()))
@@ -162,7 +162,7 @@ def test_bulk_load_in_any_step_size_gives_the_same_namespace(tmp_path, monkeypat
 
 
 def test_a_name_twice_across_load_steps_is_rejected(tmp_path, monkeypatch):
-    from spokefs import namespace
+    from spokefs.namespace import replica as namespace
     monkeypatch.setattr(namespace._BulkLoader, "_STEP", 5)
     ns = Namespace(tmp_path)
     twice = [*tree(), Entry(0x9000, 0x200, REG, 1, 1, 1, 1, b"f00003")]
@@ -213,7 +213,7 @@ def test_subdirs_parent_and_siblings(tmp_path):
 
 
 async def test_dir_lister_keeps_a_parents_subdirs_per_generation(tmp_path):
-    from spokefs.mount import _DirLister
+    from spokefs.fuse.mount import _DirLister
     ns = Namespace(tmp_path)
     ns.load_snapshot(protocol.encode_snapshot(7, ROOT, tree()))
     lister = _DirLister(ns)
@@ -227,7 +227,7 @@ async def test_dir_lister_keeps_a_parents_subdirs_per_generation(tmp_path):
 async def test_dir_lister_packs_match_the_hubs_per_generation(tmp_path):
     """The spoke cuts a directory's packs exactly as the hub does from the same snapshot
     entries (same URLs), and again when a new generation changes the directory."""
-    from spokefs.mount import _DirLister
+    from spokefs.fuse.mount import _DirLister
     from spokefs.types import FileVersion
     ns = Namespace(tmp_path)
     ns.load_snapshot(protocol.encode_snapshot(7, ROOT, tree()))

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from spokefs.page_cache import OpenMode, PageCachePolicy
+from spokefs.fuse.page_cache import OpenMode, PageCachePolicy
 
 KEEP = OpenMode(keep_cache=True, direct_io=False)
 DROP = OpenMode(keep_cache=False, direct_io=False)

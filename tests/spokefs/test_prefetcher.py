@@ -9,12 +9,12 @@ from spoke_fakes import FakeHub, poll_until
 from trio.testing import wait_all_tasks_blocked
 
 from spokefs import protocol
-from spokefs.block_source import BlockSource
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import PrefetchConfig
-from spokefs.prefetcher import Prefetcher
-from spokefs.reader import Reader
-from spokefs.stream import Stream
+from spokefs.read.block_source import BlockSource
+from spokefs.read.prefetcher import Prefetcher
+from spokefs.read.reader import Reader
+from spokefs.read.stream import Stream
 from spokefs.types import FileVersion
 
 MiB = 1 << 20

@@ -8,11 +8,11 @@ import trio
 from spoke_fakes import FakeHub, poll_until
 
 from spokefs import protocol
-from spokefs.block_source import BlockSource
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import BLOCK_SIZE
 from spokefs.errors import HubUnavailable
-from spokefs.reader import Reader
+from spokefs.read.block_source import BlockSource
+from spokefs.read.reader import Reader
 from spokefs.types import FileVersion
 
 SMALL = 64 << 10

@@ -12,13 +12,13 @@ import trio
 from spoke_fakes import FakeHub
 
 from spokefs import protocol
-from spokefs.block_source import BlockSource
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import CHUNK_SIZE
-from spokefs.link_model import LinkReach
-from spokefs.replay import Replayer
-from spokefs.trace import EXTENT_BYTES
-from spokefs.trace_file import Entry, Resolved, Target
+from spokefs.hub.link_model import LinkReach
+from spokefs.jobs.replay import Replayer
+from spokefs.jobs.trace_file import Entry, Resolved, Target
+from spokefs.read.block_source import BlockSource
+from spokefs.read.trace import EXTENT_BYTES
 from spokefs.types import FileVersion
 
 REQUEST = 3 << 20

@@ -5,7 +5,7 @@ from __future__ import annotations
 import mmap
 import os
 
-from spokefs.residency import resident
+from spokefs.cache.residency import resident
 
 
 def test_touched_memory_is_resident():

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from spokefs import protocol, snapshot_load
-from spokefs.namespace import Namespace
+from spokefs import protocol
+from spokefs.namespace import snapshot_load
+from spokefs.namespace.replica import Namespace
 from spokefs.protocol import Entry
 
 ROOT = 0x100

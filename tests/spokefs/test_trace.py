@@ -8,8 +8,8 @@ import pytest
 
 from spokefs import metrics
 from spokefs.errors import UserError
-from spokefs.trace import EXTENT_BYTES, MAGIC, RECORD, WHOLE, TraceRecorder, load_records
-from spokefs.trace_file import Entry, dumps, loads, summary
+from spokefs.jobs.trace_file import Entry, dumps, loads, summary
+from spokefs.read.trace import EXTENT_BYTES, MAGIC, RECORD, WHOLE, TraceRecorder, load_records
 from spokefs.types import FileVersion
 
 SMALL = FileVersion(7, 1, 1000)

@@ -29,16 +29,16 @@ from typing import TYPE_CHECKING
 import trio
 
 from spokefs import metrics
-from spokefs.block_source import BlockSource
 from spokefs.cache.block_cache import ORIGINS, CacheStats
 from spokefs.config import BLOCK_SIZE
 from spokefs.errors import HubUnavailable
-from spokefs.stream import Stream
-from spokefs.trace import EXTENT_BYTES, WHOLE, TraceRecorder
+from spokefs.read.block_source import BlockSource
+from spokefs.read.stream import Stream
+from spokefs.read.trace import EXTENT_BYTES, WHOLE, TraceRecorder
 from spokefs.types import FileVersion
 
 if TYPE_CHECKING:
-    from spokefs.prefetcher import Prefetcher
+    from spokefs.read.prefetcher import Prefetcher
 
 _FAILING_KEPT = 4096  # file versions whose reads are failing, remembered (a few hundred KiB)
 # The kernel's retry of a read that failed comes at once (its read-ahead failed, so it reads

@@ -31,27 +31,28 @@ import pyfuse3
 import trio
 from prometheus_client import start_http_server
 
-from spokefs import cachedir, protocol, trace_file
-from spokefs.block_source import BlockSource
+from spokefs import cachedir, protocol
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import SpokeConfig
-from spokefs.control import Control
 from spokefs.errors import StoreFailed, UserError
-from spokefs.fuse_ops import SpokeOps
-from spokefs.hub_client import HubClient
-from spokefs.hub_origins import HubOrigins
-from spokefs.job_control import JobControl
-from spokefs.kernel import KernelCache
-from spokefs.link_model import LinkReach
+from spokefs.fuse.control import Control
+from spokefs.fuse.kernel import KernelCache
+from spokefs.fuse.ops import SpokeOps
+from spokefs.hub.client import HubClient
+from spokefs.hub.link_model import LinkReach
+from spokefs.hub.origins import HubOrigins
+from spokefs.jobs import trace_file
+from spokefs.jobs.control import JobControl
+from spokefs.jobs.pins import Pins
+from spokefs.jobs.replay import Replayer
 from spokefs.mounttab import find_mount
-from spokefs.namespace import Namespace, NamespaceInfo
-from spokefs.pins import Pins
-from spokefs.prefetcher import Prefetcher
-from spokefs.reader import Reader
-from spokefs.refresher import Refresher
-from spokefs.replay import Replayer
+from spokefs.namespace.refresher import Refresher
+from spokefs.namespace.replica import Namespace, NamespaceInfo
+from spokefs.read.block_source import BlockSource
+from spokefs.read.prefetcher import Prefetcher
+from spokefs.read.reader import Reader
+from spokefs.read.trace import TraceRecorder
 from spokefs.supervise import supervised
-from spokefs.trace import TraceRecorder
 from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ A snapshot is loaded in one LMDB write transaction (the old namespace stays whol
 commits). Without ``writemap`` LMDB builds the pages that transaction dirties in memory it
 allocates, and after the commit it keeps them on its own free list: a million entries left
 ~250 MiB of anonymous memory in the spoke for as long as it ran. The load itself (decode,
-``putmulti``) runs here in a child (``python -m spokefs.snapshot_load NAMESPACE_DIR``) on
+``putmulti``) runs here in a child (``python -m spokefs.namespace.snapshot_load NAMESPACE_DIR``) on
 the same LMDB environment, which LMDB supports across processes; the child's memory goes
 when it exits, and the mount re-reads the namespace's info after it commits.
 
@@ -24,7 +24,7 @@ import trio
 
 from spokefs import protocol
 from spokefs.errors import SpokeError
-from spokefs.namespace import Applied, Namespace
+from spokefs.namespace.replica import Applied, Namespace
 
 _BAD_SNAPSHOT = 3
 
@@ -41,7 +41,7 @@ async def reload_snapshot_apart(ns: Namespace, compressed: bytes) -> Applied:
         LoadFailed: the child could not load it (it died, or the disk failed).
     """
     done = await trio.run_process(
-        [sys.executable, "-m", "spokefs.snapshot_load", str(ns.path)], stdin=compressed,
+        [sys.executable, "-m", "spokefs.namespace.snapshot_load", str(ns.path)], stdin=compressed,
         capture_stdout=True, capture_stderr=True, check=False,
     )
     why = _last_line(done.stderr)
@@ -61,7 +61,7 @@ def _last_line(raw: bytes) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m spokefs.snapshot_load NAMESPACE_DIR", file=sys.stderr)
+        print("usage: python -m spokefs.namespace.snapshot_load NAMESPACE_DIR", file=sys.stderr)
         return 2
     compressed = sys.stdin.buffer.read()
     ns = Namespace(Path(argv[0]))

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spokefs.errors import NotFound, UserError
-from spokefs.namespace import ROOT_INODE, Namespace
-from spokefs.trace import EXTENT_BYTES, WHOLE, Record
+from spokefs.namespace.replica import ROOT_INODE, Namespace
+from spokefs.read.trace import EXTENT_BYTES, WHOLE, Record
 from spokefs.types import FileVersion
 
 FORMAT = "spokefs-trace"

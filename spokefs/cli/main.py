@@ -28,12 +28,14 @@ from urllib.parse import urlsplit
 
 import trio
 
-from spokefs import cachedir, commands, job_commands, sdnotify, trace_file
+from spokefs import cachedir
 from spokefs.cachedir import CacheLock
+from spokefs.cli import commands, job_commands, sdnotify
 from spokefs.config import PrefetchConfig, SpokeConfig
 from spokefs.errors import UserError
+from spokefs.jobs import trace_file
 from spokefs.mounttab import find_mount
-from spokefs.namespace import NamespaceInfo
+from spokefs.namespace.replica import NamespaceInfo
 
 log = logging.getLogger("spokefs")
 
@@ -254,7 +256,9 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
 
 
 def _open_mode(asked: str) -> str:
-    from spokefs.kernel import reads_by_inode  # the FUSE layer (pyfuse3): only mounting needs it
+    from spokefs.fuse.kernel import (
+        reads_by_inode,  # the FUSE layer (pyfuse3): only mounting needs it
+    )
 
     supported = reads_by_inode()
     if asked == "kernel" and not supported:
@@ -290,7 +294,7 @@ def _warn_plain_token(cfg: SpokeConfig) -> None:
 
 
 def _mount(cfg: SpokeConfig, ready_fd: int | None) -> int:
-    from spokefs.mount import run_mount  # pyfuse3 loads only for mount
+    from spokefs.fuse.mount import run_mount  # pyfuse3 loads only for mount
 
     def on_ready(info: NamespaceInfo) -> None:
         print(

@@ -41,11 +41,11 @@ from typing import Protocol
 import trio
 
 from spokefs import metrics, protocol
-from spokefs.block_source import BlockSource
 from spokefs.errors import SpokeError
-from spokefs.link_model import LinkReach
-from spokefs.trace import EXTENT_BYTES
-from spokefs.trace_file import Entry, Resolved, Target
+from spokefs.hub.link_model import LinkReach
+from spokefs.jobs.trace_file import Entry, Resolved, Target
+from spokefs.read.block_source import BlockSource
+from spokefs.read.trace import EXTENT_BYTES
 from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from spokefs.namespace import Namespace
-from spokefs.reader import Reader
-from spokefs.stream import Stream
+from spokefs.namespace.replica import Namespace
+from spokefs.read.reader import Reader
+from spokefs.read.stream import Stream
 from spokefs.types import FileVersion
 
 _TRACKED = 4096

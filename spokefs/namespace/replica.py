@@ -47,9 +47,10 @@ from pathlib import Path
 
 import lmdb
 
-from spokefs import namespace_seal, protocol
+from spokefs import protocol
 from spokefs.errors import NotFound, StoreFailed
 from spokefs.lmdb_env import open_env
+from spokefs.namespace import seal as namespace_seal
 
 ROOT_INODE = 1
 _ID = struct.Struct(">Q")

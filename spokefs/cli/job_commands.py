@@ -15,11 +15,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from spokefs import trace_file
-from spokefs.commands import human_bytes, read_attribute, regular_files
+from spokefs.cli.commands import human_bytes, read_attribute, regular_files
 from spokefs.errors import UserError
+from spokefs.jobs import trace_file
+from spokefs.jobs.trace_file import Entry
 from spokefs.mounttab import find_mount
-from spokefs.trace_file import Entry
 
 _P = "user.spokefs."
 _STATUS = _P + "status"

@@ -59,7 +59,6 @@ import trio
 import xxhash
 
 from spokefs import metrics, protocol
-from spokefs.bodies import FrameMismatch, decoded, iter_capped, origin_of, read_capped, unframed
 from spokefs.errors import (
     CorruptBlock,
     GenerationGone,
@@ -70,8 +69,9 @@ from spokefs.errors import (
     SpokeError,
     StaleExport,
 )
-from spokefs.hub_origins import HubOrigins
-from spokefs.link_model import WindowedMin
+from spokefs.hub.bodies import FrameMismatch, decoded, iter_capped, origin_of, read_capped, unframed
+from spokefs.hub.link_model import WindowedMin
+from spokefs.hub.origins import HubOrigins
 
 log = logging.getLogger(__name__)
 

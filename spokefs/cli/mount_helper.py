@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import sys
 
-from spokefs import cli
+from spokefs.cli import main as cli
 
 VALUE_OPTIONS = frozenset({
     "cache_dir", "cache_size", "token_file", "ca_file", "metrics_port", "metrics_addr",

@@ -23,7 +23,7 @@ def _missing(prog: str, exc: ImportError) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``spokefs ...``"""
     try:
-        from spokefs.cli import main as cli_main
+        from spokefs.cli.main import main as cli_main
 
         return cli_main(argv)  # mounting imports the FUSE layer (pyfuse3) only now
     except ImportError as exc:
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 def mount_helper(argv: list[str] | None = None) -> int:
     """``mount.spokefs SOURCE DIR [-o OPTIONS]``, as mount(8) calls it."""
     try:
-        from spokefs.mount_helper import main as helper_main
+        from spokefs.cli.mount_helper import main as helper_main
 
         return helper_main(argv)  # mounting imports the FUSE layer (pyfuse3) only now
     except ImportError as exc:

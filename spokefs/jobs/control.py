@@ -38,11 +38,11 @@ import trio
 
 from spokefs import metrics
 from spokefs.errors import BadRequest, NotPermitted, StoreFailed, UserError
-from spokefs.namespace import Attr, Namespace
-from spokefs.pins import Pins
-from spokefs.replay import Replayer
-from spokefs.trace import EXTENT_BYTES, TraceRecorder
-from spokefs.trace_file import Entry, dumps, entries_of, read, resolve, summary
+from spokefs.jobs.pins import Pins
+from spokefs.jobs.replay import Replayer
+from spokefs.jobs.trace_file import Entry, dumps, entries_of, read, resolve, summary
+from spokefs.namespace.replica import Attr, Namespace
+from spokefs.read.trace import EXTENT_BYTES, TraceRecorder
 from spokefs.types import FileVersion
 
 PREFIX = b"user.spokefs."

@@ -26,10 +26,10 @@ import trio
 from prometheus_client import REGISTRY
 
 from spokefs.errors import NoAttribute, NotFound
-from spokefs.job_control import JobControl
-from spokefs.namespace import Attr, Namespace
-from spokefs.reader import Reader
-from spokefs.refresher import Refresher
+from spokefs.jobs.control import JobControl
+from spokefs.namespace.refresher import Refresher
+from spokefs.namespace.replica import Attr, Namespace
+from spokefs.read.reader import Reader
 from spokefs.types import FileVersion
 
 PREFIX = b"user.spokefs."

@@ -54,11 +54,11 @@ from spokefs.cache.block_cache import (
     CacheStats,
     ReadResult,
 )
-from spokefs.claims import ChunkKey, Claims
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
 from spokefs.errors import SpokeError, StaleExport, single_spoke_error
-from spokefs.grid import chunk_blocks, grid_runs
-from spokefs.hub_client import HubClient
+from spokefs.hub.client import HubClient
+from spokefs.read.claims import ChunkKey, Claims
+from spokefs.read.grid import chunk_blocks, grid_runs
 from spokefs.types import FileVersion
 
 _PACK_ERRORS_KEPT = 64  # failures of demand packs, until their readers look

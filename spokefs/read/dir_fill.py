@@ -73,9 +73,9 @@ from typing import Protocol
 import trio
 
 from spokefs import metrics, protocol
-from spokefs.block_source import BlockSource
 from spokefs.errors import SpokeError
-from spokefs.link_model import LinkModel, LinkReach
+from spokefs.hub.link_model import LinkModel, LinkReach
+from spokefs.read.block_source import BlockSource
 from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)

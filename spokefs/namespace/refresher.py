@@ -47,10 +47,10 @@ from spokefs.errors import (
     StoreFailed,
     UserError,
 )
-from spokefs.hub_client import HubClient
+from spokefs.hub.client import HubClient
 from spokefs.log_limit import LogLimiter
-from spokefs.namespace import Applied, Namespace, NamespaceInfo
-from spokefs.snapshot_load import LoadFailed, reload_snapshot_apart
+from spokefs.namespace.replica import Applied, Namespace, NamespaceInfo
+from spokefs.namespace.snapshot_load import LoadFailed, reload_snapshot_apart
 
 log = logging.getLogger(__name__)
 

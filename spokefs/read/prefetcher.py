@@ -51,12 +51,12 @@ from dataclasses import dataclass
 import trio
 
 from spokefs import metrics
-from spokefs.block_source import BlockSource
 from spokefs.config import CHUNK_SIZE, PrefetchConfig
-from spokefs.dir_fill import DirFiller, DirLister
 from spokefs.errors import SpokeError, single_spoke_error
-from spokefs.link_model import LinkModel, LinkReach
-from spokefs.stream import Stream
+from spokefs.hub.link_model import LinkModel, LinkReach
+from spokefs.read.block_source import BlockSource
+from spokefs.read.dir_fill import DirFiller, DirLister
+from spokefs.read.stream import Stream
 from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ import logging
 from spokefs import metrics
 from spokefs.cache.block_cache import BlockCache
 from spokefs.errors import HubUnavailable, PinLimit
-from spokefs.reader import Reader
+from spokefs.read.reader import Reader
 from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)

@@ -19,14 +19,14 @@ import stat
 import pyfuse3
 
 from spokefs.config import BLOCK_SIZE, SpokeConfig
-from spokefs.control import PREFIX, Control
 from spokefs.errors import NotADir, ReadOnly
-from spokefs.fuse_errors import fuse_errors
-from spokefs.inode_streams import InodeStreams
-from spokefs.namespace import Attr, Namespace
-from spokefs.page_cache import PageCachePolicy
-from spokefs.reader import Reader
-from spokefs.stream import Stream
+from spokefs.fuse.control import PREFIX, Control
+from spokefs.fuse.errors import fuse_errors
+from spokefs.fuse.inode_streams import InodeStreams
+from spokefs.fuse.page_cache import PageCachePolicy
+from spokefs.namespace.replica import Attr, Namespace
+from spokefs.read.reader import Reader
+from spokefs.read.stream import Stream
 from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)
