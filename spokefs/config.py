@@ -63,7 +63,7 @@ class SpokeConfig:
     Attributes:
         hub_url: base URL of hubd, ``http(s)://host:port``: the preferred hub.
         hub_fallback_urls: hub replicas over the same export, in the order they are tried
-            when the one in use fails (``hub_origins``); the mount moves back to
+            when the one in use fails (``hub.origins``); the mount moves back to
             ``hub_url`` once it answers again.
         mountpoint: an existing, empty-or-not directory that is not already a mount.
         cache_dir: holds the ``namespace`` and ``blocks`` LMDB environments.

@@ -1,5 +1,5 @@
 """``spokefs trace save|show|clear``, ``warm --trace|--files-from`` and ``pin``/``unpin``:
-clients of a running mount's job attributes (``job_control``). Plain blocking calls, like
+clients of a running mount's job attributes (``jobs.control``). Plain blocking calls, like
 ``commands``.
 """
 

@@ -13,7 +13,7 @@ warm and refresh are idempotent.
 | ``user.spokefs.refresh`` | any path  | polls the hub for changes now; the new generation         |
 | ``user.spokefs.warm``    | file      | fetches the whole file at full link speed; bytes fetched  |
 
-Traces, replays and pins have attributes of their own: ``job_control``.
+Traces, replays and pins have attributes of their own: ``jobs.control``.
 Any other name under ``user.spokefs.`` raises ``NoAttribute`` (ENOATTR at the boundary).
 """
 

@@ -1,5 +1,5 @@
 """The errno boundary between the domain and FUSE: ``fuse_errors``, on every handler in
-``fuse_ops``.
+``fuse.ops``.
 
 pyfuse3 turns only ``FUSEError`` into an errno reply; any other exception escaping a handler
 ends ``pyfuse3.main()`` and takes the mount down for every reader. So domain code raises the

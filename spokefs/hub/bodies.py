@@ -1,4 +1,4 @@
-"""Reading and checking answer bodies for ``hub_client``: never past the bytes asked for,
+"""Reading and checking answer bodies for ``hub.client``: never past the bytes asked for,
 framed blobs verified frame by frame, pack answers decoded as they stream, and the origin
 of an answer that came through a regional tier.
 """

@@ -16,7 +16,7 @@ fill memory). A snapshot answer with another content type is a bad snapshot
 (``protocol.WireError``). A hub that answers 404 for ``/v2/snapshot`` speaks an older protocol:
 the mount fails with one line naming both versions.
 
-Replicas (``hub_origins``): each hub attempt goes to ``HubOrigins.current()`` (one pooled
+Replicas (``hub.origins``): each hub attempt goes to ``HubOrigins.current()`` (one pooled
 client per hub URL). A transient failure is reported there (which moves the mount to the
 next hub) and the retry goes to the new current hub at once, without a backoff pause, as
 long as this request has not tried it yet; once it has tried them all it backs off as with

@@ -20,12 +20,12 @@ reads follow the namespace (``inode_streams``).
 Log lines a remount leaves: ``mounting the stored namespace`` at once, then ``caught up
 with the hub`` (or ``catch-up failed ... retrying``) once the hub answered.
 
-Hub replicas (``hub_origins``): the polls go to whichever hub is in use, and continue from
+Hub replicas (``hub.origins``): the polls go to whichever hub is in use, and continue from
 our generation on a new one, since replicas number the same tree alike (docs/protocol.md,
 "Replicas"). A hub that answers 400, our generation newer than its own (``HubBehind``: a
 replica one rescan behind the one we got it from), is *not* followed back in time: we keep
 our namespace, so no file goes back to an older version, and poll again as usual; reads
-of files it does not list yet go to a replica that does (``hub_client``). Only if it stays
+of files it does not list yet go to a replica that does (``hub.client``). Only if it stays
 "behind" for ``behind_grace_s`` (it numbered a tree differently, which the protocol allows
 after a change that did not move the newest mtime) do we take its snapshot.
 """

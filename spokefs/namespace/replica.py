@@ -18,7 +18,7 @@ entries are adjacent):
 
 A snapshot, or a batch of changes, is applied in one write transaction, so a crash leaves
 either the old namespace or the new one, never a mix. Records carry no checksums; a clean
-close seals the file with its digest instead (``namespace_seal``). Positions only grow: a
+close seals the file with its digest instead (``namespace.seal``). Positions only grow: a
 directory's entries keep their readdir offsets across changes, and new names go at the end.
 
 Loading a snapshot is a bulk job (``_BulkLoader``): the stream is decoded a step at a time
@@ -215,7 +215,7 @@ class Namespace:
 
     def close(self, *, seal: bool = True) -> None:
         """Close the environment; ``seal``: note its digest for the next open's check
-        (``namespace_seal``; the loader child, which another process outlives, passes
+        (``namespace.seal``; the loader child, which another process outlives, passes
         False)."""
         self._env.close()
         if seal:
