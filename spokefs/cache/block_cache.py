@@ -54,7 +54,7 @@ hot file read every 32 chunks stays at 1.00; after a switch to a dataset that fi
 back to 1.00 in the third epoch over it (LRU: the second).
 
 Invariants:
-- Every block returned by ``get_blocks`` or ``read`` matched its checksum (the chunk's, when
+- Every block returned by ``read`` or ``read_on_disk`` matched its checksum (the chunk's, when
   most of a chunk is read, else its own); a block that does not is
   dropped (and counted) and reported missing, so the reader fetches it again; until the drop
   commits, its chunk does not count as present (``present_chunks_now``, ``has_file``), so a
@@ -157,8 +157,6 @@ from spokefs.cache.store import (
     ORIGIN_WARM,
     ORIGINS,
     ChunkStore,
-    Found,
-    Looked,
     NotResident,
     ReadResult,
     Staged,
@@ -173,7 +171,7 @@ from spokefs.types import FileVersion
 __all__ = [
     "ORIGINS", "ORIGIN_DEMAND", "ORIGIN_PREFETCH", "ORIGIN_REPLAY", "ORIGIN_WARM", "BlockCache",
     "CacheStats",
-    "Found", "ReadResult",
+    "ReadResult",
 ]
 
 log = logging.getLogger(__name__)
@@ -426,29 +424,6 @@ class BlockCache:
 
     # -- reads ------------------------------------------------------------------------
 
-    async def get_blocks(
-        self, file_id: int, version: int, first: int, last: int, *, record: bool = True
-    ) -> Found:
-        """The verified cached blocks among ``first..last`` (inclusive), by block index,
-        with how many came by each origin (``Found.by_origin``).
-
-        Args:
-            record: count the read as a visit of its chunks (for eviction); a second look
-                at the same range by the same read, after a fill, passes False.
-        """
-        got: Looked | None = await self._read(None, "get", file_id, version, first, last)
-        if got is None:
-            return Found()
-        found, corrupt, seen = got
-        if record:
-            self._record_visits(seen, first, last)
-            if len(self._clock.promote) >= _PROMOTE_BATCH:
-                await self._write("promote", self._plan((), hand=False))
-        if corrupt:
-            self._condemn(file_id, version, corrupt)
-            await self._write_drop(file_id, version, corrupt)
-        return found
-
     def _record_visits(
         self, seen: list[tuple[bytes, ChunkHead | None]], first: int, last: int
     ) -> None:
@@ -643,10 +618,6 @@ class BlockCache:
             if self._queue:
                 self._work.set()
 
-    async def present_chunks(self, fv: FileVersion, first: int, last: int) -> set[int]:
-        """Chunk indexes among ``first..last`` whose blocks are all cached (headers only)."""
-        return await self._read(set(), "present", fv, first, last)
-
     async def complete_files(self, files: list[FileVersion]) -> set[FileVersion]:
         """Those of ``files`` that are cached whole (headers only)."""
         return await self._read(set(), "complete", files)
@@ -667,27 +638,6 @@ class BlockCache:
             return empty
 
     # -- writes -----------------------------------------------------------------------
-
-    async def put_runs(
-        self, file_id: int, version: int, runs: list[tuple[int, bytes]],
-        origin: int = ORIGIN_DEMAND,
-    ) -> None:
-        """Store runs of blocks: ``(first block index, contiguous bytes)``, one transaction.
-
-        Each run's bytes are whole blocks, except that the file's last block may be short.
-        ``origin`` (``ORIGIN_DEMAND``/``_PREFETCH``/``_WARM``) stays with each new chunk,
-        for hit accounting; a merge keeps the chunk's first origin. Never raises for a
-        cache problem: a fill that cannot be stored is counted and dropped.
-        """
-        keys = [
-            KEY.pack(file_id, version, ci)
-            for first, data in runs
-            for ci in range(first // CHUNK_BLOCKS, (first + nblocks(data) + 15) // CHUNK_BLOCKS)
-        ]
-        await self._write("put", file_id, version, runs, origin, self._plan(keys))
-        if time.monotonic() - self._clock_saved > _CLOCK_SAVE_S:
-            self._clock_saved = time.monotonic()
-            await trio.to_thread.run_sync(self._save_clock)
 
     def _plan(self, keys: list[bytes] | tuple[()], *, promote: bool = True,
               hand: bool = True) -> Plan:
