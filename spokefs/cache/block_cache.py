@@ -107,7 +107,7 @@ staged and not yet stored: bytes only, fetched again on the next miss.
 
 ``AccessClock`` belongs to the trio thread; writer threads only read its
 table (one array item at a time, atomic under the GIL; a stale value only makes one choice
-worse), and its side file is written by a worker thread every ``_CLOCK_SAVE_S``. Blocking work
+worse), and its side file is written at ``close`` (a clean shutdown) only. Blocking work
 outside threads: only at open, after an unclean shutdown, the check below runs a child
 process synchronously (before the mount serves anything).
 
@@ -117,7 +117,7 @@ call time); re-check any state read before the await (a reset may have replaced 
 other tasks may have moved the clock).
 
 Crash states: ``kill -9`` leaves the last committed transaction (each fill, with its
-evictions, is one); the access clock's side file may be up to ``_CLOCK_SAVE_S`` old, which
+evictions, is one); the access clock's side file is as the last clean shutdown left it, which
 costs hit ratio only. The environment is opened with ``sync=False``: a machine crash may lose
 recent fills, and may also tear LMDB's own pages. So a ``clean-shutdown`` marker is removed
 at open and written at close; without it, a child process walks every database first, since a
@@ -188,7 +188,6 @@ _MAP_FULL_FREE = 8  # a full map or disk frees 1/8 of the cache before the one r
 _HAND_LIMIT = 4096  # protected entries the hand may look at per transaction
 _PROMOTE_BATCH = 256  # pending promotions that justify a write transaction of their own
 _STAGED_MAX_BYTES = 256 << 20  # background fills wait while the writer is this far behind
-_CLOCK_SAVE_S = 300.0  # what a kill -9 can cost the policy's memory (a few KiB-MiB to write)
 _CLOCK_FILE = "access-clock"
 _CLEAN_MARK = "clean-shutdown"
 _VERIFY_TIMEOUT_S = 600.0  # ~2 us per chunk: 14 s for 500 GiB; a stuck check is not fatal
@@ -276,7 +275,6 @@ class BlockCache:
         self._broken: BaseException | None = None  # set: being set aside
         self._troubled = False  # a write failed and none has succeeded since
         self._generation = 0  # environments set aside so far (totals of older ones are void)
-        self._clock_saved = time.monotonic()
         # write-behind (see "Write-behind"): chunk key -> staged pieces, and the writer's queue
         self._staged: dict[bytes, list[Staged]] = {}
         self._queue: deque[tuple[bytes, Staged]] = deque()
@@ -724,9 +722,3 @@ class BlockCache:
         """Log the start of a write problem once (a WARNING), its repeats at DEBUG."""
         log.log(logging.DEBUG if self._troubled else logging.WARNING, msg, *args)
         self._troubled = True
-
-    def _save_clock(self) -> None:
-        try:
-            self._clock.save(self.path / _CLOCK_FILE)
-        except OSError as exc:
-            log.warning("block cache: could not save the access clock: %s", exc)
