@@ -4,10 +4,12 @@
 In-process, no FUSE, no hub: a trace of chunk reads (64 KiB, the cache's storage unit) is
 replayed against ``spokefs.cache.block_cache.BlockCache`` in a temporary directory (real LMDB, real
 transactions, the real policy) and against an LRU model of the same capacity in chunks. A
-read that finds all 16 blocks of its chunk is a hit; a miss is filled as the spoke's demand
-path does (``put_runs(..., ORIGIN_DEMAND)``), or, in the prefetch scenario, every file is
-stored with ``ORIGIN_PREFETCH`` just before it is read (what read-ahead does), and a chunk
-that had to be prefetched counts as a miss too. Reported: the hit ratio of each epoch.
+read that finds all 16 blocks of its chunk is a hit (``BlockCache.read``, then
+``read_on_disk`` when the bytes are not in RAM: the reader's path); a miss is filled as the
+spoke's demand path does (``stage(..., ORIGIN_DEMAND)``, stored by the writer task, waited
+for with ``flush``), or, in the prefetch scenario, every file is stored with
+``ORIGIN_PREFETCH`` just before it is read (what read-ahead does), and a chunk that had to
+be prefetched counts as a miss too. Reported: the hit ratio of each epoch.
 
 Traces (a DataLoader's): ``--files-chunks`` chunks per file, read in order; the files in a new
 random order every epoch.
@@ -43,12 +45,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import random
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,8 +143,34 @@ class LruModel:
         return fetched
 
 
+async def read(cache: BlockCache, file_id: int, offset: int, end: int) -> bytes | None:
+    """The bytes, or None if any block is missing: as the reader looks (inline, or from a
+    worker thread when the stored bytes are not in RAM)."""
+    res = cache.read(file_id, 1, offset, end)
+    if res.on_disk:
+        res = await cache.read_on_disk(file_id, 1, offset, end)
+    return res.data
+
+
+async def store(cache: BlockCache, file_id: int, runs: list[tuple[int, bytes]],
+                origin: int) -> None:
+    """Stage a fill and wait until the writer task (``BlockCache.run``) has stored it."""
+    cache.stage(file_id, 1, runs, origin)
+    await cache.flush()
+
+
+@contextlib.asynccontextmanager
+async def writer(cache: BlockCache) -> AsyncIterator[None]:
+    """The cache's writer task, running for the block, as in a mount."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        yield
+        nursery.cancel_scope.cancel()
+
+
 class RealCache:
-    """The real BlockCache, read and filled as the spoke's reader and fetcher do."""
+    """The real BlockCache, read and filled as the spoke's reader and fetcher do (its writer
+    task runs meanwhile: ``writer``)."""
 
     def __init__(self, path: Path, max_bytes: int, window_bytes: int) -> None:
         self.cache = BlockCache(path, max_bytes, window_bytes=window_bytes)
@@ -153,21 +182,19 @@ class RealCache:
 
     async def read(self, key: Access) -> bool:
         f, ci = key
-        first = ci * CHUNK_BLOCKS
-        found = await self.cache.get_blocks(f, 1, first, first + CHUNK_BLOCKS - 1)
-        if len(found) == CHUNK_BLOCKS:
+        if await read(self.cache, f, ci * CHUNK_SIZE, (ci + 1) * CHUNK_SIZE) is not None:
             return True
-        await self.cache.put_runs(f, 1, [(first, self._payload)], ORIGIN_DEMAND)
+        await store(self.cache, f, [(ci * CHUNK_BLOCKS, self._payload)], ORIGIN_DEMAND)
         self._note_use()
         return False
 
     async def prefetch_file(self, f: int, chunks: int) -> set[int]:
         fv = FileVersion(f, 1, chunks * CHUNK_SIZE)
-        present = await self.cache.present_chunks(fv, 0, chunks - 1)
+        present = self.cache.present_chunks_now(fv, 0, chunks - 1)
         fetched = {ci for ci in range(chunks) if ci not in present}
         runs = [(ci * CHUNK_BLOCKS, self._payload) for ci in sorted(fetched)]
         if runs:
-            await self.cache.put_runs(f, 1, runs, ORIGIN_PREFETCH)
+            await store(self.cache, f, runs, ORIGIN_PREFETCH)
             self._note_use()
         return fetched
 
@@ -227,7 +254,8 @@ async def run_eviction(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         prefetch = sc.get("prefetch", False)
         real = RealCache(work / name, max_bytes, max_bytes // 20)
         try:
-            r_real, h_real = await replay(real, sc["epochs"], args.file_chunks, prefetch)
+            async with writer(real.cache):
+                r_real, h_real = await replay(real, sc["epochs"], args.file_chunks, prefetch)
             stats = real.cache.statistics()
         finally:
             real.cache.close()
@@ -283,7 +311,7 @@ async def fill_sequential(cache: BlockCache, nbytes: int) -> None:
     f = 1
     while cache.statistics().bytes_used + len(payload) <= nbytes and \
             (f - 1) * len(payload) < _FILL_MAX * nbytes:
-        await cache.put_runs(f, 1, [(0, payload)], ORIGIN_DEMAND)
+        await store(cache, f, [(0, payload)], ORIGIN_DEMAND)
         f += 1
 
 
@@ -294,7 +322,7 @@ async def fill_random(cache: BlockCache, nbytes: int, rng: random.Random) -> Non
             written < _FILL_MAX * nbytes:
         runs = [(rng.randrange(1 << 30), block) for _ in range(64)]
         for first, data in runs:
-            await cache.put_runs(7, 1, [(first, data)], ORIGIN_DEMAND)
+            await store(cache, 7, [(first, data)], ORIGIN_DEMAND)
         written += len(runs) * BLOCK_SIZE
 
 
@@ -308,14 +336,14 @@ async def churn(cache: BlockCache, turnover: int, rng: random.Random) -> list[in
         kind = rng.random()
         if kind < 0.6:
             n = rng.choice([1, 4, 16, 32]) * CHUNK_SIZE
-            await cache.put_runs(f, 1, [(0, payload[:n])], ORIGIN_DEMAND)
+            await store(cache, f, [(0, payload[:n])], ORIGIN_DEMAND)
         elif kind < 0.9:
             n = rng.randrange(1, 12) * BLOCK_SIZE
-            await cache.put_runs(f, 1, [(rng.randrange(64), payload[:n])], ORIGIN_PREFETCH)
+            await store(cache, f, [(rng.randrange(64), payload[:n])], ORIGIN_PREFETCH)
         else:
             n = 0
             g = rng.randrange(100, f + 1)
-            await cache.get_blocks(g, 1, 0, 511)
+            await read(cache, g, 0, 512 * BLOCK_SIZE)
         written += n
         f += 1
         if f % 200 == 0:
@@ -331,14 +359,15 @@ async def run_space(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         cache = BlockCache(path, nbytes)
         try:
             rng = random.Random(9)
-            if name == "sequential":
-                await fill_sequential(cache, nbytes)
-            elif name == "random-4k":
-                await fill_random(cache, nbytes, rng)
-            else:
-                sizes = await churn(cache, 8 * nbytes, rng)
-                step = max(1, len(sizes) // 12)
-                out["churn_file_mib_over_time"] = [round(n / MIB) for n in sizes[::step]]
+            async with writer(cache):
+                if name == "sequential":
+                    await fill_sequential(cache, nbytes)
+                elif name == "random-4k":
+                    await fill_random(cache, nbytes, rng)
+                else:
+                    sizes = await churn(cache, 8 * nbytes, rng)
+                    step = max(1, len(sizes) // 12)
+                    out["churn_file_mib_over_time"] = [round(n / MIB) for n in sizes[::step]]
             used = cache.statistics().bytes_used
         finally:
             cache.close()

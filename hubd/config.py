@@ -9,7 +9,6 @@ import ssl
 from dataclasses import dataclass, field
 
 from hubd.s3.config import BucketSpec
-from spokefs import protocol
 
 KIB = 1024
 
@@ -81,7 +80,3 @@ class HubConfig:
     changes_max_steps: int = 16
     changes_max_bytes: int = 64 * 1024 * KIB
     s3: BucketSpec | None = None
-
-    @property
-    def max_read_memory_bytes(self) -> int:
-        return self.max_concurrent_reads * protocol.PACK_MAX_BYTES

@@ -54,7 +54,7 @@ hot file read every 32 chunks stays at 1.00; after a switch to a dataset that fi
 back to 1.00 in the third epoch over it (LRU: the second).
 
 Invariants:
-- Every block returned by ``get_blocks`` or ``read`` matched its checksum (the chunk's, when
+- Every block returned by ``read`` or ``read_on_disk`` matched its checksum (the chunk's, when
   most of a chunk is read, else its own); a block that does not is
   dropped (and counted) and reported missing, so the reader fetches it again; until the drop
   commits, its chunk does not count as present (``present_chunks_now``, ``has_file``), so a
@@ -107,7 +107,7 @@ staged and not yet stored: bytes only, fetched again on the next miss.
 
 ``AccessClock`` belongs to the trio thread; writer threads only read its
 table (one array item at a time, atomic under the GIL; a stale value only makes one choice
-worse), and its side file is written by a worker thread every ``_CLOCK_SAVE_S``. Blocking work
+worse), and its side file is written at ``close`` (a clean shutdown) only. Blocking work
 outside threads: only at open, after an unclean shutdown, the check below runs a child
 process synchronously (before the mount serves anything).
 
@@ -117,7 +117,7 @@ call time); re-check any state read before the await (a reset may have replaced 
 other tasks may have moved the clock).
 
 Crash states: ``kill -9`` leaves the last committed transaction (each fill, with its
-evictions, is one); the access clock's side file may be up to ``_CLOCK_SAVE_S`` old, which
+evictions, is one); the access clock's side file is as the last clean shutdown left it, which
 costs hit ratio only. The environment is opened with ``sync=False``: a machine crash may lose
 recent fills, and may also tear LMDB's own pages. So a ``clean-shutdown`` marker is removed
 at open and written at close; without it, a child process walks every database first, since a
@@ -157,8 +157,6 @@ from spokefs.cache.store import (
     ORIGIN_WARM,
     ORIGINS,
     ChunkStore,
-    Found,
-    Looked,
     NotResident,
     ReadResult,
     Staged,
@@ -173,7 +171,7 @@ from spokefs.types import FileVersion
 __all__ = [
     "ORIGINS", "ORIGIN_DEMAND", "ORIGIN_PREFETCH", "ORIGIN_REPLAY", "ORIGIN_WARM", "BlockCache",
     "CacheStats",
-    "Found", "ReadResult",
+    "ReadResult",
 ]
 
 log = logging.getLogger(__name__)
@@ -190,7 +188,6 @@ _MAP_FULL_FREE = 8  # a full map or disk frees 1/8 of the cache before the one r
 _HAND_LIMIT = 4096  # protected entries the hand may look at per transaction
 _PROMOTE_BATCH = 256  # pending promotions that justify a write transaction of their own
 _STAGED_MAX_BYTES = 256 << 20  # background fills wait while the writer is this far behind
-_CLOCK_SAVE_S = 300.0  # what a kill -9 can cost the policy's memory (a few KiB-MiB to write)
 _CLOCK_FILE = "access-clock"
 _CLEAN_MARK = "clean-shutdown"
 _VERIFY_TIMEOUT_S = 600.0  # ~2 us per chunk: 14 s for 500 GiB; a stuck check is not fatal
@@ -278,7 +275,6 @@ class BlockCache:
         self._broken: BaseException | None = None  # set: being set aside
         self._troubled = False  # a write failed and none has succeeded since
         self._generation = 0  # environments set aside so far (totals of older ones are void)
-        self._clock_saved = time.monotonic()
         # write-behind (see "Write-behind"): chunk key -> staged pieces, and the writer's queue
         self._staged: dict[bytes, list[Staged]] = {}
         self._queue: deque[tuple[bytes, Staged]] = deque()
@@ -425,29 +421,6 @@ class BlockCache:
         return ChunkStore(self.path, self.max_bytes, self.window_bytes, self._map_bytes)
 
     # -- reads ------------------------------------------------------------------------
-
-    async def get_blocks(
-        self, file_id: int, version: int, first: int, last: int, *, record: bool = True
-    ) -> Found:
-        """The verified cached blocks among ``first..last`` (inclusive), by block index,
-        with how many came by each origin (``Found.by_origin``).
-
-        Args:
-            record: count the read as a visit of its chunks (for eviction); a second look
-                at the same range by the same read, after a fill, passes False.
-        """
-        got: Looked | None = await self._read(None, "get", file_id, version, first, last)
-        if got is None:
-            return Found()
-        found, corrupt, seen = got
-        if record:
-            self._record_visits(seen, first, last)
-            if len(self._clock.promote) >= _PROMOTE_BATCH:
-                await self._write("promote", self._plan((), hand=False))
-        if corrupt:
-            self._condemn(file_id, version, corrupt)
-            await self._write_drop(file_id, version, corrupt)
-        return found
 
     def _record_visits(
         self, seen: list[tuple[bytes, ChunkHead | None]], first: int, last: int
@@ -643,10 +616,6 @@ class BlockCache:
             if self._queue:
                 self._work.set()
 
-    async def present_chunks(self, fv: FileVersion, first: int, last: int) -> set[int]:
-        """Chunk indexes among ``first..last`` whose blocks are all cached (headers only)."""
-        return await self._read(set(), "present", fv, first, last)
-
     async def complete_files(self, files: list[FileVersion]) -> set[FileVersion]:
         """Those of ``files`` that are cached whole (headers only)."""
         return await self._read(set(), "complete", files)
@@ -667,27 +636,6 @@ class BlockCache:
             return empty
 
     # -- writes -----------------------------------------------------------------------
-
-    async def put_runs(
-        self, file_id: int, version: int, runs: list[tuple[int, bytes]],
-        origin: int = ORIGIN_DEMAND,
-    ) -> None:
-        """Store runs of blocks: ``(first block index, contiguous bytes)``, one transaction.
-
-        Each run's bytes are whole blocks, except that the file's last block may be short.
-        ``origin`` (``ORIGIN_DEMAND``/``_PREFETCH``/``_WARM``) stays with each new chunk,
-        for hit accounting; a merge keeps the chunk's first origin. Never raises for a
-        cache problem: a fill that cannot be stored is counted and dropped.
-        """
-        keys = [
-            KEY.pack(file_id, version, ci)
-            for first, data in runs
-            for ci in range(first // CHUNK_BLOCKS, (first + nblocks(data) + 15) // CHUNK_BLOCKS)
-        ]
-        await self._write("put", file_id, version, runs, origin, self._plan(keys))
-        if time.monotonic() - self._clock_saved > _CLOCK_SAVE_S:
-            self._clock_saved = time.monotonic()
-            await trio.to_thread.run_sync(self._save_clock)
 
     def _plan(self, keys: list[bytes] | tuple[()], *, promote: bool = True,
               hand: bool = True) -> Plan:
@@ -774,9 +722,3 @@ class BlockCache:
         """Log the start of a write problem once (a WARNING), its repeats at DEBUG."""
         log.log(logging.DEBUG if self._troubled else logging.WARNING, msg, *args)
         self._troubled = True
-
-    def _save_clock(self) -> None:
-        try:
-            self._clock.save(self.path / _CLOCK_FILE)
-        except OSError as exc:
-            log.warning("block cache: could not save the access clock: %s", exc)

@@ -65,20 +65,6 @@ _FREE_PAGES = 32
 _MAX_HEADROOM_SHARE = 8
 
 
-class Found(dict[int, bytes]):
-    """Blocks found, by block index; ``by_origin[o]``: how many arrived by origin ``o``."""
-
-    __slots__ = ("by_origin",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.by_origin = [0] * len(ORIGINS)
-
-
-# ChunkStore.get: verified blocks, the corrupt indexes, each chunk looked at with its header
-Looked = tuple[Found, list[int], list[tuple[bytes, ChunkHead | None]]]
-
-
 class ChunkStore:
     """The LMDB environment of the block cache and its transactions.
 
@@ -139,45 +125,6 @@ class ChunkStore:
                 txn.drop(self._env.open_db(name, txn=txn), delete=True)
 
     # -- read transactions ----------------------------------------------------------
-
-    def get(self, file_id: int, version: int, first: int, last: int) -> Looked:
-        """Verified blocks among ``first..last``, the indexes that failed their checksum (or
-        whose header is garbage), and each chunk of the range with its header (or None)."""
-        found = Found()
-        corrupt: list[int] = []
-        seen: list[tuple[bytes, ChunkHead | None]] = []
-        with self._env.begin(buffers=True) as txn:
-            for ci in range(first // CHUNK_BLOCKS, last // CHUNK_BLOCKS + 1):
-                key = KEY.pack(file_id, version, ci)
-                lo = max(first, ci * CHUNK_BLOCKS)
-                hi = min(last, ci * CHUNK_BLOCKS + CHUNK_BLOCKS - 1)
-                try:
-                    head, value = self._stored(txn, key)
-                except BadHead:
-                    corrupt.extend(range(lo, hi + 1))  # the drop removes the whole chunk
-                    seen.append((key, None))
-                    continue
-                seen.append((key, head))
-                if head is None or value is None:
-                    continue
-                origin = min(head.origin, len(ORIGINS) - 1)
-                base = ci * CHUNK_BLOCKS
-                view, last_rank = memoryview(value), len(head.sums) - 1
-                for rank, slot in enumerate(head.slots()):
-                    idx = base + slot
-                    if not lo <= idx <= hi:
-                        continue
-                    start = rank * BLOCK_SIZE
-                    if rank == last_rank:  # may be short, and may reach into the tail
-                        data = bytes(view[start:]) + head.tail
-                    else:
-                        data = bytes(view[start : start + BLOCK_SIZE])
-                    if xxhash.xxh3_64_intdigest(data) == head.sums[rank]:
-                        found[idx] = data
-                        found.by_origin[origin] += 1
-                    else:
-                        corrupt.append(idx)
-        return found, corrupt, seen
 
     def read(
         self, file_id: int, version: int, offset: int, end: int,
@@ -305,16 +252,6 @@ class ChunkStore:
         return total
 
     # -- write transactions ---------------------------------------------------------
-
-    def put(
-        self, file_id: int, version: int, runs: list[tuple[int, bytes]], origin: int,
-        plan: Plan,
-    ) -> CacheState:
-        """Store runs of blocks as chunks; evict in the same transaction if over quota."""
-        pieces = [
-            (key, slot, piece, origin) for key, slot, piece in chunk_pieces(file_id, version, runs)
-        ]
-        return self.put_pieces(pieces, plan)
 
     def put_pieces(
         self, pieces: list[tuple[bytes, int, memoryview, int]], plan: Plan

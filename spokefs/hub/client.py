@@ -152,11 +152,6 @@ class HubClient:
         return self.origins.current()
 
     @property
-    def reachable(self) -> bool:
-        """Whether the hub in use answered its last request (or has not been asked)."""
-        return self.origins.reachable(self.origins.current())
-
-    @property
     def align_bytes(self) -> int:
         """The grid data ranges start and end on: a tier's cache slice (1 MiB of data), or
         one 4 KiB frame straight to the hub (a random read moves 4 KiB, not 1 MiB)."""

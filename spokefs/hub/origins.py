@@ -74,9 +74,6 @@ class HubOrigins:
         """The base URL to send the next request to."""
         return self.urls[self._current]
 
-    def reachable(self, url: str) -> bool:
-        return url not in self._down
-
     def all_reachable(self) -> bool:
         """Whether no hub's last request failed."""
         return not self._down

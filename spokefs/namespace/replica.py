@@ -223,14 +223,6 @@ class Namespace:
 
     # -- loading ---------------------------------------------------------------------
 
-    def load_snapshot(self, compressed: bytes) -> NamespaceInfo:
-        """Replace the namespace with a snapshot from the hub (blocking; run in a thread).
-
-        Raises:
-            protocol.WireError: the snapshot is malformed or hostile; nothing is changed.
-        """
-        return self.reload_snapshot(compressed).info
-
     def reload_snapshot(self, compressed: bytes) -> Applied:
         """Replace the namespace with a snapshot; report what the kernel must forget.
 
@@ -522,14 +514,6 @@ class Namespace:
                 fid = unpack_id(child)[0]
                 yield pos + 1, value[8:], ROOT_INODE if fid == root else fid, raw
 
-    def dir_files(self, dir_id: int) -> list[tuple[int, int, int]]:
-        """``(file_id, version, size)`` of the regular files in a directory (by file id).
-
-        Blocking for a large directory: callers run it in a thread.
-        """
-        return [(fid, version, size) for fid, mode, size, version, _ in self._children(dir_id)
-                if mode & 0o170000 == stat.S_IFREG]
-
     def dir_files_named(self, dir_id: int) -> list[tuple[bytes, int, int, int]]:
         """``(name, file_id, version, size)`` of the regular files in a directory: what
         ``protocol.plan_packs`` takes. Blocking for a large directory: callers run it in a
@@ -582,14 +566,6 @@ class Namespace:
         if dir_id == self._root_id():
             return 0
         return self.getattr(self.inode(dir_id)).parent_id
-
-    def sibling_dirs(self, dir_id: int) -> tuple[int, list[int]]:
-        """``(parent id, ids of the parent's other subdirectories)`` of a directory; the
-        export root has none. Blocking for a large directory: callers run it in a thread."""
-        parent = self.parent_of(dir_id)
-        if not parent:
-            return 0, []
-        return parent, [d for d in self.subdirs(parent) if d != dir_id]
 
     def _children(self, dir_id: int) -> list[tuple[int, int, int, int, bytes]]:
         """``(file_id, mode, size, version, name)`` of every entry of a directory, in

@@ -112,20 +112,6 @@ def encode_pack_record(file_id: int, version: int, data: bytes | None, digest: i
     return PACK_RECORD.pack(file_id, version, len(data), digest) + data
 
 
-def decode_pack(
-    body: bytes, items: list[tuple[int, int]]
-) -> dict[tuple[int, int], tuple[bytes, int] | None]:
-    """Split a whole pack answer into ``(file id, version) -> (bytes, xxh3_64)``; None: gone.
-
-    Checksums are not verified here (the caller does, with the sums it keeps);
-    the structure is: every asked item once, in order, nothing extra.
-    """
-    decoder = PackDecoder(items)
-    out = dict(decoder.feed(body))
-    decoder.finish()
-    return out
-
-
 class PackDecoder:
     """Decodes a pack answer as it streams in: each file is complete as soon as its last
     byte has arrived, so a reader waiting for it need not wait for the rest of the pack.

@@ -110,21 +110,6 @@ def encode_trailer(count: int) -> bytes:
     return _TRAILER.pack(_MAGIC_TAIL, count)
 
 
-def encode_snapshot(generation: int, root_id: int, entries: list[Entry], level: int = 6) -> bytes:
-    """The whole compressed snapshot; entries must be in parent-before-child order."""
-    comp = zlib.compressobj(level)
-    parts = [comp.compress(encode_header(generation, root_id, len(entries)))]
-    parts.extend(comp.compress(encode_entry(e)) for e in entries)
-    parts.append(comp.compress(encode_trailer(len(entries))))
-    parts.append(comp.flush())
-    return b"".join(parts)
-
-
-def encode_upsert(e: Entry) -> bytes:
-    """One UPSERT change record."""
-    return bytes((CHANGE_UPSERT,)) + encode_entry(e)
-
-
 def encode_remove(parent_id: int, name: bytes) -> bytes:
     """One REMOVE change record."""
     return _REMOVE.pack(CHANGE_REMOVE, parent_id, len(name)) + name
@@ -135,8 +120,9 @@ def encode_changes(from_generation: int, to_generation: int, root_id: int,
     """The whole compressed changes answer.
 
     Args:
-        records: encoded change records (``encode_upsert``/``encode_remove``), in order,
-            possibly several records per item; ``count`` records in all.
+        records: encoded change records (an UPSERT is ``CHANGE_UPSERT`` and the entry's
+            ``encode_entry``; a REMOVE is ``encode_remove``), in order, possibly several
+            records per item; ``count`` records in all.
     """
     comp = zlib.compressobj(level)
     head = _CHANGES_HEADER.pack(_MAGIC_CHANGES, FORMAT_VERSION, from_generation, to_generation,

@@ -23,6 +23,7 @@ from hubd.errors import BadGeneration, GenerationGone
 from hubd.export_root import ExportRoot
 from hubd.snapshot import Snapshot
 from spokefs import protocol
+from tests.helpers import wire
 from tests.hubd.hubd_testlib import ODD_NAMES, Tree
 
 Key = tuple[int, bytes]
@@ -305,9 +306,8 @@ def encoded(records: list[bytes], since: int = 1, to: int = 2, count: int | None
 
 
 def test_changes_round_trip() -> None:
-    records = [protocol.encode_remove(ROOT, b"old"), protocol.encode_upsert(ROOT_ENTRY),
-               protocol.encode_upsert(DIR), protocol.encode_upsert(FILE),
-               protocol.encode_upsert(LINK)]
+    records = [protocol.encode_remove(ROOT, b"old"), wire.upsert(ROOT_ENTRY), wire.upsert(DIR),
+               wire.upsert(FILE), wire.upsert(LINK)]
     header, got = decode_changes(encoded(records), chunk=3)
     assert header == protocol.ChangesHeader(1, 2, ROOT, 5)
     assert got == [protocol.Remove(ROOT, b"old"), protocol.Upsert(ROOT_ENTRY), protocol.Upsert(DIR),
@@ -331,25 +331,25 @@ def _raw(plain: bytes) -> bytes:
     pytest.param(encoded([protocol.encode_remove(ROOT, b"")]), id="empty-name"),
     pytest.param(encoded([protocol.encode_remove(1, b"x")]), id="remove-parent-below-min"),
     pytest.param(encoded([protocol.encode_remove(ROOT, b"x" * 256)]), id="long-name"),
-    pytest.param(encoded([protocol.encode_upsert(protocol.Entry(1, ROOT, stat.S_IFREG, 0, 0, 1, 1,
-                                                        b"x"))]), id="id-below-min"),
-    pytest.param(encoded([protocol.encode_upsert(protocol.Entry(9, 0, stat.S_IFREG, 0, 0, 1, 1,
-                                                        b"x"))]), id="parent-zero"),
-    pytest.param(encoded([protocol.encode_upsert(protocol.Entry(ROOT, 0x2000, stat.S_IFDIR, 0, 0, 1,
-                                                        1, b"x"))]), id="root-elsewhere"),
-    pytest.param(encoded([protocol.encode_upsert(protocol.Entry(ROOT, 0, stat.S_IFREG, 0, 0, 1, 1,
-                                                        b""))]), id="root-not-a-dir"),
-    pytest.param(encoded([protocol.encode_upsert(protocol.Entry(9, ROOT, stat.S_IFIFO, 0, 0, 1, 1,
-                                                        b"x"))]), id="fifo"),
-    pytest.param(encoded([protocol.encode_upsert(protocol.Entry(9, ROOT, stat.S_IFREG, 0, 0, 1, 1,
-                                                        b"x", b"t"))]), id="target-on-file"),
-    pytest.param(encoded([protocol.encode_upsert(protocol.Entry(9, ROOT, stat.S_IFREG, 2**63, 0,
-                                                                1, 1, b"x"))]),
+    pytest.param(encoded([wire.upsert(protocol.Entry(1, ROOT, stat.S_IFREG, 0, 0, 1, 1,
+                                                     b"x"))]), id="id-below-min"),
+    pytest.param(encoded([wire.upsert(protocol.Entry(9, 0, stat.S_IFREG, 0, 0, 1, 1,
+                                                     b"x"))]), id="parent-zero"),
+    pytest.param(encoded([wire.upsert(protocol.Entry(ROOT, 0x2000, stat.S_IFDIR, 0, 0, 1,
+                                                     1, b"x"))]), id="root-elsewhere"),
+    pytest.param(encoded([wire.upsert(protocol.Entry(ROOT, 0, stat.S_IFREG, 0, 0, 1, 1,
+                                                     b""))]), id="root-not-a-dir"),
+    pytest.param(encoded([wire.upsert(protocol.Entry(9, ROOT, stat.S_IFIFO, 0, 0, 1, 1,
+                                                     b"x"))]), id="fifo"),
+    pytest.param(encoded([wire.upsert(protocol.Entry(9, ROOT, stat.S_IFREG, 0, 0, 1, 1,
+                                                     b"x", b"t"))]), id="target-on-file"),
+    pytest.param(encoded([wire.upsert(protocol.Entry(9, ROOT, stat.S_IFREG, 2**63, 0,
+                                                     1, 1, b"x"))]),
                  id="absurd-size"),
-    pytest.param(encoded([protocol.encode_upsert(FILE)], count=2), id="count-too-high"),
-    pytest.param(encoded([protocol.encode_upsert(FILE)], count=0), id="count-too-low"),
-    pytest.param(encoded([protocol.encode_upsert(FILE)])[:-6], id="truncated"),
-    pytest.param(encoded([protocol.encode_upsert(FILE)]) + b"x", id="trailing-garbage"),
+    pytest.param(encoded([wire.upsert(FILE)], count=2), id="count-too-high"),
+    pytest.param(encoded([wire.upsert(FILE)], count=0), id="count-too-low"),
+    pytest.param(encoded([wire.upsert(FILE)])[:-6], id="truncated"),
+    pytest.param(encoded([wire.upsert(FILE)]) + b"x", id="trailing-garbage"),
     pytest.param(_raw(b"SPKS" + bytes(40)), id="snapshot-magic"),
     pytest.param(_raw(b"SPKC\x02\x00" + bytes(40)), id="version-2"),
     pytest.param(_raw(zlib.decompress(encoded([]))[:-12] + b"SPKX" + bytes(8)), id="bad-trailer"),

@@ -16,7 +16,7 @@ def test_read_slots_cover_a_fleet_and_memory_is_bounded() -> None:
     cfg = HubConfig(root=".", host="127.0.0.1", port=0)
     assert cfg.max_concurrent_reads == 256
     # a slot holds one pack or one slice of a streamed blob, whatever the range asked
-    assert cfg.max_read_memory_bytes == 256 * protocol.PACK_MAX_BYTES == 960 << 20
+    assert cfg.max_concurrent_reads * protocol.PACK_MAX_BYTES == 960 << 20
     assert protocol.SLICE_BYTES < protocol.PACK_MAX_BYTES
     # spokes ask for at most request_bytes per read: ~960 MiB for 256 slots in flight
     assert 256 * PrefetchConfig().request_bytes < 1 << 30

@@ -29,6 +29,7 @@ import pytest
 import xxhash
 
 from spokefs import protocol
+from tests.helpers import wire
 from tests.hubd.hubd_testlib import (
     DATA,
     Hub,
@@ -419,7 +420,7 @@ def make_pack(target: Target) -> Callable[[random.Random], tuple[bytes, Check]]:
             assert reply.status in (200, 400, 404, 412), where
             if reply.status == 200:
                 good = plans[unquote(path)]  # %30 is "0" to the hub
-                answer = protocol.decode_pack(reply.body, good.items)
+                answer = wire.decode_pack(reply.body, good.items)
                 for key, rec in answer.items():
                     assert rec is not None, where
                     assert rec[1] == xxhash.xxh3_64_intdigest(rec[0]), where

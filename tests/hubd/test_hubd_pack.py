@@ -18,6 +18,7 @@ from hubd.config import HubConfig
 from hubd.export_root import ExportRoot
 from hubd.metrics import HubMetrics
 from spokefs import protocol
+from tests.helpers import wire
 from tests.hubd.hubd_testlib import DATA, Tree, paths_of
 
 Check = Callable[[TestClient, dict[bytes, protocol.Entry], list[protocol.Entry]], Awaitable[None]]
@@ -52,7 +53,7 @@ async def decoded(resp: ClientResponse, plan: protocol.PackPlan) -> dict:
     assert resp.headers["Content-Type"] == "application/octet-stream"
     assert resp.headers["Cache-Control"] == "public, max-age=31536000, immutable"
     assert resp.headers["ETag"] == protocol.pack_etag(plan.digest)
-    out = protocol.decode_pack(await resp.read(), plan.items)
+    out = wire.decode_pack(await resp.read(), plan.items)
     for value in out.values():
         if value is not None:
             data, digest = value

@@ -9,6 +9,7 @@ import pytest
 
 from spokefs import protocol
 from spokefs.protocol import Entry, tree
+from tests.helpers import wire
 
 ROOT = 0x100
 DIR = stat.S_IFDIR | 0o755
@@ -29,7 +30,7 @@ def entries() -> list[Entry]:
 
 @pytest.mark.parametrize("chunk", [1, 333, 1 << 20])
 def test_rows_and_entries_agree_in_any_chunking(chunk: int) -> None:
-    blob = protocol.encode_snapshot(9, ROOT, entries())
+    blob = wire.snapshot(9, ROOT, entries())
     by_rows, by_entries = protocol.SnapshotDecoder(), protocol.SnapshotDecoder()
     rows: list[protocol.Row] = []
     got: list[Entry] = []
@@ -43,7 +44,7 @@ def test_rows_and_entries_agree_in_any_chunking(chunk: int) -> None:
 
 def test_no_entry_is_held_back_at_a_full_inflate_step(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tree, "_PLAIN_STEP", 64)  # every step fills its output exactly
-    blob = protocol.encode_snapshot(9, ROOT, entries())
+    blob = wire.snapshot(9, ROOT, entries())
     decoder = protocol.SnapshotDecoder()
     rows = decoder.feed_rows(blob)  # one chunk: everything must come out of this call
     assert len(rows) == len(entries())
@@ -52,6 +53,6 @@ def test_no_entry_is_held_back_at_a_full_inflate_step(monkeypatch: pytest.Monkey
 
 def test_a_bad_entry_after_good_ones_fails_the_batch() -> None:
     bad = Entry(0x9999, ROOT, REG, 1, 1, 1, 1, b"a/b")
-    blob = protocol.encode_snapshot(9, ROOT, [*entries(), bad])
+    blob = wire.snapshot(9, ROOT, [*entries(), bad])
     with pytest.raises(protocol.WireError, match="bad name"):
         protocol.SnapshotDecoder().feed_rows(blob)

@@ -15,6 +15,7 @@ import pytest
 import xxhash
 
 from spokefs import protocol
+from tests.helpers import wire
 from tests.helpers.seaweed import SeaweedServer
 from tests.hubd.hubd_testlib import (
     Hub,
@@ -117,7 +118,7 @@ def test_prefix_export_snapshot_blobs_and_packs(seaweed: SeaweedServer, bucket: 
     for plan in plans:
         answer = hub.request(plan.path)
         assert answer.status == 200, answer.body
-        served |= protocol.decode_pack(answer.body, plan.items)
+        served |= wire.decode_pack(answer.body, plan.items)
     for path, entry in files:
         if protocol.packable(entry.size):
             data = FILES["data/train/" + path.decode()]

@@ -29,6 +29,7 @@ from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
 from spokefs.read.block_source import BlockSource
 from spokefs.read.reader import Reader
 from spokefs.types import FileVersion
+from tests.helpers.block_cache import cached_blocks, read_range, stage_and_store
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,15 +68,20 @@ def hits(name: str) -> float:
 async def test_put_get_roundtrip_with_partial_chunks(tmp_path):
     data = os.urandom(BLOCK_SIZE * 40 + 123)  # last block is short
     cache = BlockCache(tmp_path, 64 << 20)
-    await cache.put_runs(7, 1, blocks_of(data, range(3, 5)))
-    await cache.put_runs(7, 1, blocks_of(data, range(30, 41)))
-    await cache.put_runs(7, 1, blocks_of(data, range(8, 10)))  # merged into the first chunk
-    got = await cache.get_blocks(7, 1, 0, 40)
+    await stage_and_store(cache, 7, 1, blocks_of(data, range(3, 5)))
+    await stage_and_store(cache, 7, 1, blocks_of(data, range(30, 41)))
+    await stage_and_store(cache, 7, 1, blocks_of(data, range(8, 10)))  # merged into chunk 0
+    got = await cached_blocks(cache, FileVersion(7, 1, len(data)))
     assert sorted(got) == [3, 4, 8, 9, *range(30, 41)]
     for i, b in got.items():
         assert b == data[i * BLOCK_SIZE : (i + 1) * BLOCK_SIZE]
     assert len(got[40]) == 123
-    assert await cache.get_blocks(7, 2, 0, 40) == {}  # another version shares nothing
+    whole = await read_range(cache, 7, 1, 0, len(data))  # a miss: every absent block named
+    absent = set(range(41)) - set(got)
+    assert whole.data is None and absent <= set(whole.missing) <= set(range(32))
+    tail = await read_range(cache, 7, 1, 30 * BLOCK_SIZE, len(data))  # across two chunks
+    assert tail.data == data[30 * BLOCK_SIZE :]
+    assert await cached_blocks(cache, FileVersion(7, 2, len(data))) == {}  # another version
     assert cache.statistics() == recount(cache)
     assert cache.statistics().bytes_used == 15 * BLOCK_SIZE - (BLOCK_SIZE - 123)
     cache.close()
@@ -86,26 +92,26 @@ async def test_a_full_chunk_takes_exactly_its_pages(tmp_path):
     # live in the header record instead, so the value takes 16
     cache = BlockCache(tmp_path, 64 << 20)
     data = os.urandom(CHUNK_SIZE * 8)
-    await cache.put_runs(3, 1, [(0, data)])
-    await cache.put_runs(4, 1, [(5, data[:BLOCK_SIZE])])  # a lone block: one page
+    await stage_and_store(cache, 3, 1, [(0, data)])
+    await stage_and_store(cache, 4, 1, [(5, data[:BLOCK_SIZE])])  # a lone block: one page
     store = cache._store
     with store._env.begin() as txn:
         assert txn.stat(store._data)["overflow_pages"] == 8 * CHUNK_BLOCKS + 1
         assert len(txn.get(KEY.pack(3, 1, 0), db=store._data)) == CHUNK_SIZE - 16
-    assert b"".join((await cache.get_blocks(3, 1, 0, 127)).values()) == data
+    assert (await read_range(cache, 3, 1, 0, len(data))).data == data
     cache.close()
 
 
 async def test_persists_across_reopen(tmp_path):
     data = os.urandom(BLOCK_SIZE * 20)
     cache = BlockCache(tmp_path, 64 << 20)
-    await cache.put_runs(9, 9, blocks_of(data, range(20)), ORIGIN_WARM)
+    await stage_and_store(cache, 9, 9, blocks_of(data, range(20)), ORIGIN_WARM)
     stats = cache.statistics()
     assert stats.protected_chunks == 2  # warmed: protected at once
     cache.close()
     cache = BlockCache(tmp_path, 64 << 20)
     assert cache.statistics() == stats == recount(cache)
-    assert len(await cache.get_blocks(9, 9, 0, 19)) == 20
+    assert (await read_range(cache, 9, 9, 0, len(data))).data == data
     cache.close()
 
 
@@ -114,8 +120,8 @@ async def test_cached_bytes_of_files(tmp_path):
     fv = FileVersion(5, 1, BLOCK_SIZE * 40 + 10)
     data = os.urandom(fv.size)
     assert await cache.cached_bytes([fv]) == 0
-    await cache.put_runs(5, 1, blocks_of(data, range(0, 3)))
-    await cache.put_runs(5, 1, blocks_of(data, range(39, 41)))
+    await stage_and_store(cache, 5, 1, blocks_of(data, range(0, 3)))
+    await stage_and_store(cache, 5, 1, blocks_of(data, range(39, 41)))
     assert await cache.cached_bytes([fv]) == 4 * BLOCK_SIZE + 10
     assert await cache.cached_bytes([fv, FileVersion(6, 1, 100)]) == 4 * BLOCK_SIZE + 10
     cache.close()
@@ -124,18 +130,20 @@ async def test_cached_bytes_of_files(tmp_path):
 async def test_origin_of_hits_and_merges_keep_the_first(tmp_path):
     cache = BlockCache(tmp_path, 64 << 20)
     data = os.urandom(CHUNK_SIZE * 3)
-    await cache.put_runs(1, 1, [(0, data[:BLOCK_SIZE])], ORIGIN_DEMAND)
-    await cache.put_runs(1, 1, [(1, data[BLOCK_SIZE:CHUNK_SIZE])], ORIGIN_PREFETCH)  # merge
-    await cache.put_runs(1, 1, [(CHUNK_BLOCKS, data[CHUNK_SIZE:2 * CHUNK_SIZE])],
-                         ORIGIN_PREFETCH)
-    await cache.put_runs(1, 1, [(2 * CHUNK_BLOCKS, data[2 * CHUNK_SIZE:])], ORIGIN_WARM)
-    await cache.put_runs(2, 1, [(0, data[:CHUNK_SIZE])], ORIGIN_REPLAY)
-    got = await cache.get_blocks(1, 1, 0, 3 * CHUNK_BLOCKS - 1)
-    assert len(got) == 48
+    await stage_and_store(cache, 1, 1, [(0, data[:BLOCK_SIZE])], ORIGIN_DEMAND)
+    await stage_and_store(cache, 1, 1, [(1, data[BLOCK_SIZE:CHUNK_SIZE])],
+                          ORIGIN_PREFETCH)  # merged
+    await stage_and_store(cache, 1, 1, [(CHUNK_BLOCKS, data[CHUNK_SIZE:2 * CHUNK_SIZE])],
+                          ORIGIN_PREFETCH)
+    await stage_and_store(cache, 1, 1, [(2 * CHUNK_BLOCKS, data[2 * CHUNK_SIZE:])],
+                          ORIGIN_WARM)
+    await stage_and_store(cache, 2, 1, [(0, data[:CHUNK_SIZE])], ORIGIN_REPLAY)
+    got = await read_range(cache, 1, 1, 0, 3 * CHUNK_SIZE)
+    assert got.data == data
     assert got.by_origin == [16, 16, 16, 0]
-    got = await cache.get_blocks(1, 1, 20, 40)
+    got = await read_range(cache, 1, 1, 20 * BLOCK_SIZE, 41 * BLOCK_SIZE)
     assert got.by_origin == [0, 12, 9, 0]
-    got = await cache.get_blocks(2, 1, 0, CHUNK_BLOCKS - 1)
+    got = await read_range(cache, 2, 1, 0, CHUNK_SIZE)
     assert got.by_origin == [0, 0, 0, 16]
     cache.close()
 
@@ -168,13 +176,13 @@ async def test_full_cache_evicts_and_stays_under_quota(tmp_path):
     cache = BlockCache(tmp_path, quota)
     for fid in range(2, 60):
         data = os.urandom(CHUNK_SIZE)
-        await cache.put_runs(fid, 1, blocks_of(data, range(CHUNK_BLOCKS)))
+        await stage_and_store(cache, fid, 1, blocks_of(data, range(CHUNK_BLOCKS)))
         assert cache.statistics().bytes_used <= quota
     assert cache.statistics().bytes_used > quota // 2
     assert cache.statistics() == recount(cache)
     # nothing was read: the oldest went first, the newest are there
-    assert await cache.get_blocks(2, 1, 0, CHUNK_BLOCKS - 1) == {}
-    assert len(await cache.get_blocks(59, 1, 0, CHUNK_BLOCKS - 1)) == CHUNK_BLOCKS
+    assert (await read_range(cache, 2, 1, 0, CHUNK_SIZE)).missing == list(range(CHUNK_BLOCKS))
+    assert (await read_range(cache, 59, 1, 0, CHUNK_SIZE)).data == data
     cache.close()
 
 
@@ -250,7 +258,7 @@ async def test_a_file_larger_than_the_bound_does_not_grow(tmp_path, caplog):
     data = os.urandom(CHUNK_SIZE * 16)
     cache = BlockCache(tmp_path, 32 << 20)
     for fid in range(1, 40):
-        await cache.put_runs(fid, 1, [(0, data)])
+        await stage_and_store(cache, fid, 1, [(0, data)])
     cache.close()
     size = (tmp_path / "data.mdb").stat().st_size
     assert size > BlockCache.bound_bytes(8 << 20)
@@ -258,8 +266,8 @@ async def test_a_file_larger_than_the_bound_does_not_grow(tmp_path, caplog):
         cache = BlockCache(tmp_path, 8 << 20)
     assert any("never shrink" in m for m in caplog.messages)
     for fid in range(100, 160):
-        await cache.put_runs(fid, 1, [(0, data)])
-        assert len(await cache.get_blocks(fid, 1, 0, 255, record=False)) == 256
+        await stage_and_store(cache, fid, 1, [(0, data)])
+        assert (await read_range(cache, fid, 1, 0, len(data), record=False)).data == data
     assert cache.statistics().bytes_used <= 8 << 20
     assert cache.statistics() == recount(cache)
     cache.close()
@@ -272,27 +280,28 @@ async def test_pinned_chunks_are_never_evicted_and_pins_are_bounded(tmp_path):
     keep = FileVersion(1, 1, 3 * CHUNK_SIZE)
     data = os.urandom(keep.size)
     assert await cache.pin(keep, quota // 2) == (0, keep.size)  # nothing cached: nothing done
-    await cache.put_runs(1, 1, blocks_of(data, range(3 * CHUNK_BLOCKS)))
+    await stage_and_store(cache, 1, 1, blocks_of(data, range(3 * CHUNK_BLOCKS)))
     assert await cache.pin(keep, quota // 2) == (keep.size, 0)
     assert await cache.pin(keep, quota // 2) == (0, 0)  # pinned already
     assert cache.statistics().pinned_bytes == keep.size
     big = FileVersion(2, 1, 6 * CHUNK_SIZE)
-    await cache.put_runs(2, 1, blocks_of(os.urandom(big.size), range(6 * CHUNK_BLOCKS)))
+    await stage_and_store(cache, 2, 1, blocks_of(os.urandom(big.size), range(6 * CHUNK_BLOCKS)))
     assert await cache.pin(big, quota // 2) == (-1, 0)  # 3 + 6 chunks > 8: refused, unchanged
     assert cache.statistics().pinned_bytes == keep.size
     rng = random.Random(2)
     for fid in range(10, 200):  # churn of 12x the cache, with reads: everything else goes
-        await cache.put_runs(fid, 1, blocks_of(os.urandom(CHUNK_SIZE), range(CHUNK_BLOCKS)))
-        await cache.get_blocks(rng.randrange(10, fid + 1), 1, 0, CHUNK_BLOCKS - 1)
+        await stage_and_store(cache, fid, 1, blocks_of(os.urandom(CHUNK_SIZE),
+                                                      range(CHUNK_BLOCKS)))
+        await read_range(cache, rng.randrange(10, fid + 1), 1, 0, CHUNK_SIZE)
         assert cache.statistics().bytes_used <= quota
-    assert await cache.get_blocks(2, 1, 0, 6 * CHUNK_BLOCKS - 1) == {}
-    assert b"".join((await cache.get_blocks(1, 1, 0, 3 * CHUNK_BLOCKS - 1)).values()) == data
+    assert await cached_blocks(cache, big) == {}
+    assert (await read_range(cache, 1, 1, 0, keep.size)).data == data
     assert cache.statistics() == recount(cache)
     cache.close()
     cache = BlockCache(tmp_path, quota)  # pins persist
     assert cache.statistics().pinned_bytes == keep.size == recount(cache).pinned_bytes
     # unpinning covers every version of the file
-    await cache.put_runs(1, 2, blocks_of(data[:CHUNK_SIZE], range(CHUNK_BLOCKS)))
+    await stage_and_store(cache, 1, 2, blocks_of(data[:CHUNK_SIZE], range(CHUNK_BLOCKS)))
     assert (await cache.pin(FileVersion(1, 2, CHUNK_SIZE), quota // 2))[0] == CHUNK_SIZE
     assert await cache.unpin(1) == keep.size + CHUNK_SIZE
     assert cache.statistics().pinned_bytes == 0
@@ -309,7 +318,8 @@ async def test_random_operations_keep_the_totals_exact(tmp_path):
         fid = rng.randrange(1, 30)
         first = rng.randrange(0, 64)
         if rng.random() < 0.4:
-            await cache.get_blocks(fid, 1, first, first + rng.randrange(0, 40))
+            last = first + rng.randrange(0, 40)
+            await read_range(cache, fid, 1, first * BLOCK_SIZE, (last + 1) * BLOCK_SIZE)
         elif rng.random() < 0.1:  # pins: whole files of one chunk, if they are there
             if rng.random() < 0.5:
                 await cache.pin(FileVersion(fid, 1, CHUNK_SIZE), quota // 4)
@@ -318,7 +328,7 @@ async def test_random_operations_keep_the_totals_exact(tmp_path):
         else:
             n = rng.randrange(1, 40) * BLOCK_SIZE - rng.choice([0, 0, 100])
             origin = rng.choice([ORIGIN_DEMAND, ORIGIN_PREFETCH, ORIGIN_WARM, ORIGIN_REPLAY])
-            await cache.put_runs(fid, 1, [(first, payload[:n])], origin)
+            await stage_and_store(cache, fid, 1, [(first, payload[:n])], origin)
         assert cache.statistics().bytes_used <= quota
         assert cache.statistics().pinned_bytes <= quota // 4
     assert cache.statistics() == recount(cache)
@@ -330,7 +340,7 @@ async def test_random_operations_keep_the_totals_exact(tmp_path):
 
 async def test_a_failed_transaction_leaves_the_totals_alone(tmp_path, monkeypatch):
     cache = BlockCache(tmp_path, 64 << 20)
-    await cache.put_runs(1, 1, [(0, os.urandom(CHUNK_SIZE))])
+    await stage_and_store(cache, 1, 1, [(0, os.urandom(CHUNK_SIZE))])
     before = cache.statistics()
     store = type(cache._store)
     real = store._write_chunk
@@ -344,10 +354,12 @@ async def test_a_failed_transaction_leaves_the_totals_alone(tmp_path, monkeypatc
 
     monkeypatch.setattr(store, "_write_chunk", fail_on_second)
     errors = metrics.CACHE_WRITE_ERRORS._value.get()
-    await cache.put_runs(2, 1, [(0, os.urandom(3 * CHUNK_SIZE))])  # aborted: no exception
+    # one transaction for the three chunks, aborted: no exception, the fill is dropped
+    await stage_and_store(cache, 2, 1, [(0, os.urandom(3 * CHUNK_SIZE))])
     assert metrics.CACHE_WRITE_ERRORS._value.get() == errors + 1
     assert cache.statistics() == before == recount(cache)
-    assert await cache.get_blocks(2, 1, 0, 47) == {}
+    missed = await read_range(cache, 2, 1, 0, 3 * CHUNK_SIZE)
+    assert missed.missing == list(range(3 * CHUNK_BLOCKS))
     cache.close()
 
 
@@ -360,8 +372,8 @@ async def test_a_full_map_evicts_and_retries(tmp_path, caplog):
     errors = metrics.CACHE_WRITE_ERRORS._value.get()
     with caplog.at_level(logging.WARNING, logger="spokefs.cache.block_cache"):
         for fid in range(1, 40):  # 10 MiB through a 4 MiB map
-            await cache.put_runs(fid, 1, [(0, data)])
-            assert len(await cache.get_blocks(fid, 1, 0, 63, record=False)) == 64
+            await stage_and_store(cache, fid, 1, [(0, data)])
+            assert (await read_range(cache, fid, 1, 0, len(data), record=False)).data == data
     assert metrics.CACHE_WRITE_ERRORS._value.get() == errors
     assert any("full on disk" in m for m in caplog.messages)
     assert cache._store.headroom_pages > 0  # widened: later fills evict before it is full
@@ -382,9 +394,9 @@ async def _epochs(cache: BlockCache, files: int, epochs: int, rng: random.Random
     ratios, hot_hits, hot_reads, n = [], 0, 0, 0
 
     async def read(fid: int, ci: int) -> bool:
-        got = await cache.get_blocks(fid, 1, ci * CHUNK_BLOCKS, ci * CHUNK_BLOCKS + 15)
-        if len(got) < CHUNK_BLOCKS:
-            await cache.put_runs(fid, 1, [(ci * CHUNK_BLOCKS, payload)])
+        got = await read_range(cache, fid, 1, ci * CHUNK_SIZE, (ci + 1) * CHUNK_SIZE)
+        if got.data is None:
+            await stage_and_store(cache, fid, 1, [(ci * CHUNK_BLOCKS, payload)])
             return False
         return True
 
@@ -430,10 +442,10 @@ async def test_a_dataset_that_fits_replaces_one_that_is_done(tmp_path):
         hit = 0
         for fid in random.Random(3).sample(range(500, 508), 8):
             for ci in range(4):
-                got = await cache.get_blocks(fid, 1, ci * 16, ci * 16 + 15)
-                hit += len(got) == 16
-                if len(got) < 16:
-                    await cache.put_runs(fid, 1, [(ci * 16, payload)])
+                got = await read_range(cache, fid, 1, ci * CHUNK_SIZE, (ci + 1) * CHUNK_SIZE)
+                hit += got.data is not None
+                if got.data is None:
+                    await stage_and_store(cache, fid, 1, [(ci * 16, payload)])
         ratios.append(hit / 32)
     assert ratios[-1] == 1.0, ratios
     cache.close()
@@ -444,15 +456,15 @@ async def test_prefetched_chunks_wait_for_their_reader(tmp_path):
     cache = BlockCache(tmp_path, 2 << 20, window_bytes=CHUNK_SIZE)
     payload = os.urandom(CHUNK_SIZE)
     for fid in range(1, 33):
-        await cache.put_runs(fid, 1, [(0, payload)])
-        await cache.get_blocks(fid, 1, 0, 15)
+        await stage_and_store(cache, fid, 1, [(0, payload)])
+        await read_range(cache, fid, 1, 0, CHUNK_SIZE)
     for fid in range(100, 108):  # prefetched, not yet read, while others keep filling
-        await cache.put_runs(fid, 1, [(0, payload)], ORIGIN_PREFETCH)
+        await stage_and_store(cache, fid, 1, [(0, payload)], ORIGIN_PREFETCH)
     for fid in range(200, 216):
-        await cache.get_blocks(fid, 1, 0, 15)
-        await cache.put_runs(fid, 1, [(0, payload)])
+        await read_range(cache, fid, 1, 0, CHUNK_SIZE)
+        await stage_and_store(cache, fid, 1, [(0, payload)])
     for fid in range(100, 108):
-        assert len(await cache.get_blocks(fid, 1, 0, 15)) == 16, fid
+        assert (await read_range(cache, fid, 1, 0, CHUNK_SIZE)).data == payload, fid
     cache.close()
 
 
@@ -470,20 +482,32 @@ def flip_stored_byte(path, stored: bytes) -> None:
 
 
 async def test_corrupt_block_is_dropped_and_reported_missing(tmp_path):
+    """The reader's path: a block that fails its checksum is counted, reported missing (never
+    served) and dropped by the writer task, its neighbours kept; a fill stores it again."""
     data = os.urandom(BLOCK_SIZE * 4)
+    fv = FileVersion(5, 5, len(data))
     cache = BlockCache(tmp_path, 64 << 20)
-    await cache.put_runs(5, 5, blocks_of(data, range(4)))
+    await stage_and_store(cache, 5, 5, blocks_of(data, range(4)))
     cache.close()
     flip_stored_byte(tmp_path, data[2 * BLOCK_SIZE : 2 * BLOCK_SIZE + 64])  # in block 2
     cache = BlockCache(tmp_path, 64 << 20)
     failures = metrics.CHECKSUM_FAILURES._value.get()
-    got = await cache.get_blocks(5, 5, 0, 3)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        got = await read_range(cache, 5, 5, 0, len(data))
+        assert got.data is None and got.corrupt == [2] and got.missing == [0, 1, 2, 3]
+        assert metrics.CHECKSUM_FAILURES._value.get() == failures + 1
+        assert not cache.has_file(fv)  # so a fill fetches it again
+        with trio.fail_after(10):  # the writer drops block 2 alone
+            await poll_until(lambda: cache.statistics().bytes_used == 3 * BLOCK_SIZE, 0.01)
+        nursery.cancel_scope.cancel()
+    assert cache.statistics() == recount(cache)
+    got = await cached_blocks(cache, fv)  # dropped, not reported again
     assert sorted(got) == [0, 1, 3]
     assert metrics.CHECKSUM_FAILURES._value.get() == failures + 1
-    assert sorted(await cache.get_blocks(5, 5, 0, 3)) == [0, 1, 3]  # dropped, not re-reported
-    assert cache.statistics() == recount(cache)
-    await cache.put_runs(5, 5, blocks_of(data, range(2, 3)))
-    assert (await cache.get_blocks(5, 5, 2, 2))[2] == data[2 * BLOCK_SIZE : 3 * BLOCK_SIZE]
+    await stage_and_store(cache, 5, 5, blocks_of(data, range(2, 3)))
+    assert (await read_range(cache, 5, 5, 0, len(data))).data == data
+    assert cache.has_file(fv)
     cache.close()
 
 
@@ -493,7 +517,7 @@ async def test_a_corrupt_block_fails_a_read_of_most_of_its_chunk(tmp_path):
     miss, never bytes served."""
     data = os.urandom(CHUNK_SIZE)
     cache = BlockCache(tmp_path, 64 << 20)
-    await cache.put_runs(5, 5, blocks_of(data, range(CHUNK_BLOCKS)))
+    await stage_and_store(cache, 5, 5, blocks_of(data, range(CHUNK_BLOCKS)))
     cache.close()
     flip_stored_byte(tmp_path, data[7 * BLOCK_SIZE : 7 * BLOCK_SIZE + 64])  # in block 7
     cache = BlockCache(tmp_path, 64 << 20)
@@ -533,7 +557,7 @@ async def _filled(path: Path) -> None:
     cache = BlockCache(path, 64 << 20)
     data = os.urandom(CHUNK_SIZE * 4)
     for fid in range(1, 200):
-        await cache.put_runs(fid, 1, [(0, data[: (fid % 4 + 1) * CHUNK_SIZE])])
+        await stage_and_store(cache, fid, 1, [(0, data[: (fid % 4 + 1) * CHUNK_SIZE])])
     cache.close()
 
 
@@ -548,8 +572,9 @@ async def _assert_empty_and_usable(cache: BlockCache) -> None:
     """A cache set aside starts empty and stores and serves again."""
     assert cache.statistics().bytes_used == 0
     data = os.urandom(CHUNK_SIZE)
-    await cache.put_runs(1, 1, [(0, data)])
-    assert b"".join((await cache.get_blocks(1, 1, 0, 15)).values()) == data
+    await stage_and_store(cache, 1, 1, [(0, data)])
+    assert (await read_range(cache, 1, 1, 0, CHUNK_SIZE)).data == data
+    assert cache.statistics() == recount(cache)
 
 
 async def test_a_torn_meta_page_sets_the_cache_aside_at_open(tmp_path, caplog):
@@ -563,17 +588,64 @@ async def test_a_torn_meta_page_sets_the_cache_aside_at_open(tmp_path, caplog):
     cache.close()
 
 
-async def test_a_corrupt_btree_page_found_while_running_resets_the_cache(tmp_path, caplog):
-    path = tmp_path / "blocks"
+async def _open_then_corrupt(path: Path) -> BlockCache:
+    """A filled cache, opened (cleanly shut down before: no check), whose B-tree leaf pages
+    then all come to say they are something else, behind its back: "Located page was wrong
+    type", which LMDB notices deterministically (``lmdb.CorruptedError``) at the next
+    lookup. Corruption found while running, not at open (``_open`` sets that aside)."""
     await _filled(path)
+    cache = BlockCache(path, 64 << 20)
+    assert cache.statistics().bytes_used > 0  # opened as it was
     leaves = _pages(path, 0x02)
     assert leaves
-    for pgno in leaves:  # "Located page was wrong type": LMDB notices, deterministically
+    for pgno in leaves:
         _overwrite(path, pgno * 4096 + 10, b"\x00\x00")
-    cache = BlockCache(path, 64 << 20)  # shut down cleanly: no check at open
+    return cache
+
+
+async def test_corruption_found_by_a_worker_thread_resets_the_cache(tmp_path, caplog):
+    """``_call``: a read in a worker thread (``read_on_disk``) meets a corrupt environment;
+    the call is a miss, not an error, and once no thread is inside, the environment is set
+    aside and an empty one opened (``_reset``), without the writer task: the cache keeps
+    serving, and a clean shutdown of the new one is a clean shutdown."""
+    path = tmp_path / "blocks"
+    cache = await _open_then_corrupt(path)
+    corruptions = metrics.CACHE_CORRUPTIONS._value.get()
     with caplog.at_level(logging.ERROR):
-        assert await cache.get_blocks(7, 1, 0, 15) == {}  # a miss, not an error
+        got = await cache.read_on_disk(7, 1, 0, CHUNK_SIZE)
+        assert got.data is None and got.missing == list(range(CHUNK_BLOCKS))
+        assert cache.statistics().bytes_used == 0  # the new environment's totals
+        assert metrics.CACHE_CORRUPTIONS._value.get() == corruptions + 1
         assert await cache.cached_bytes([FileVersion(7, 1, CHUNK_SIZE)]) == 0
+        assert await cache.complete_files([FileVersion(7, 1, CHUNK_SIZE)]) == set()
+    _assert_set_aside(path, caplog)
+    await _assert_empty_and_usable(cache)
+    data = os.urandom(3 * CHUNK_SIZE)
+    await stage_and_store(cache, 2, 1, [(0, data)])
+    assert await cache.complete_files([FileVersion(2, 1, len(data))]) == {
+        FileVersion(2, 1, len(data))}
+    cache.close()
+    assert (path / "clean-shutdown").exists()
+    cache = BlockCache(path, 64 << 20)  # reopened without a check: what it stored is there
+    assert (await read_range(cache, 2, 1, 0, len(data))).data == data
+    assert cache.statistics() == recount(cache)
+    cache.close()
+
+
+async def test_corruption_found_by_an_inline_read_resets_the_cache(tmp_path, caplog):
+    """A read on the trio thread (``read``) cannot wait for the threads inside the
+    environment: it reads as a miss and leaves the reset to the writer task."""
+    path = tmp_path / "blocks"
+    cache = await _open_then_corrupt(path)
+    with caplog.at_level(logging.ERROR):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(cache.run)
+            got = cache.read(7, 1, 0, CHUNK_SIZE)
+            assert got.data is None and got.missing == list(range(CHUNK_BLOCKS))
+            assert not cache.has_file(FileVersion(7, 1, CHUNK_SIZE))
+            with trio.fail_after(10):
+                await poll_until(lambda: cache.statistics().bytes_used == 0, 0.01)
+            nursery.cancel_scope.cancel()
     _assert_set_aside(path, caplog)
     await _assert_empty_and_usable(cache)
     cache.close()
@@ -581,21 +653,26 @@ async def test_a_corrupt_btree_page_found_while_running_resets_the_cache(tmp_pat
 
 async def test_concurrent_readers_of_a_corrupt_cache_all_get_misses(tmp_path, caplog):
     path = tmp_path / "blocks"
-    await _filled(path)
-    for pgno in _pages(path, 0x02):
-        _overwrite(path, pgno * 4096 + 10, b"\x00\x00")
-    cache = BlockCache(path, 64 << 20)
+    cache = await _open_then_corrupt(path)
     results = []
 
     async def reader(fid: int) -> None:
-        results.append(await cache.get_blocks(fid, 1, 0, 63))
+        results.append(await cache.read_on_disk(fid, 1, 0, 4 * CHUNK_SIZE))
+
+    async def fill() -> None:
+        cache.stage(1000, 1, [(0, os.urandom(CHUNK_SIZE))])
+        await cache.flush()
 
     with caplog.at_level(logging.ERROR):
         async with trio.open_nursery() as nursery:
-            for fid in range(1, 17):
-                nursery.start_soon(reader, fid)
-            nursery.start_soon(cache.put_runs, 1000, 1, [(0, os.urandom(CHUNK_SIZE))])
-    assert results == [{}] * 16
+            await nursery.start(cache.run)
+            async with trio.open_nursery() as users:
+                for fid in range(1, 17):
+                    users.start_soon(reader, fid)
+                users.start_soon(fill)
+            nursery.cancel_scope.cancel()
+    assert len(results) == 16
+    assert all(r.data is None and r.missing == list(range(4 * CHUNK_BLOCKS)) for r in results)
     _assert_set_aside(path, caplog)  # once, whatever the number of threads that saw it
     assert cache.statistics() == recount(cache)
     cache.close()
@@ -612,7 +689,7 @@ async def test_garbage_after_an_unclean_shutdown_is_caught_by_the_check(tmp_path
     with caplog.at_level(logging.ERROR):
         cache = BlockCache(path, 64 << 20)
     _assert_set_aside(path, caplog)
-    assert await cache.get_blocks(3, 1, 0, 15) == {}
+    assert (await read_range(cache, 3, 1, 0, CHUNK_SIZE)).missing == list(range(CHUNK_BLOCKS))
     cache.close()
 
 
@@ -625,12 +702,16 @@ _WRITER = textwrap.dedent("""
         cache = BlockCache(Path(sys.argv[1]), 4 << 20)
         data = os.urandom(1 << 18)
         fid = 0
-        while True:
-            fid += 1
-            await cache.put_runs(fid, 1, [(0, data)])
-            await cache.get_blocks(fid - 1, 1, 0, 63)
-            if fid == 20:
-                print("ready", flush=True)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(cache.run)
+            while True:
+                fid += 1
+                cache.stage(fid, 1, [(0, data)])
+                await cache.flush()
+                if cache.read(fid - 1, 1, 0, len(data)).on_disk:
+                    await cache.read_on_disk(fid - 1, 1, 0, len(data))
+                if fid == 20:
+                    print("ready", flush=True)
     trio.run(main)
 """)
 
@@ -659,7 +740,8 @@ async def test_kill_9_leaves_a_consistent_cache(tmp_path):
     with store._env.begin() as txn:
         keys = [KEY.unpack(k) for k, _ in txn.cursor(db=store._head)]
     for fid, version, ci in keys:
-        assert len(await cache.get_blocks(fid, version, ci * 16, ci * 16 + 15)) == 16
+        got = await read_range(cache, fid, version, ci * CHUNK_SIZE, (ci + 1) * CHUNK_SIZE)
+        assert got.data is not None and len(got.data) == CHUNK_SIZE
     cache.close()
 
 
@@ -672,8 +754,8 @@ async def test_an_older_layout_is_dropped(tmp_path):
     (tmp_path / "clean-shutdown").touch()
     cache = BlockCache(tmp_path, 64 << 20)
     assert cache.statistics().bytes_used == 0
-    await cache.put_runs(1, 1, [(0, b"z" * 100)])
-    assert (await cache.get_blocks(1, 1, 0, 0))[0] == b"z" * 100
+    await stage_and_store(cache, 1, 1, [(0, b"z" * 100)])
+    assert (await read_range(cache, 1, 1, 0, 100)).data == b"z" * 100
     with cache._store._env.begin() as txn:
         assert txn.get(b"chunks") is None and txn.get(b"fifo") is None
     cache.close()

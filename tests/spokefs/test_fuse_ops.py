@@ -12,7 +12,6 @@ import pytest
 from prometheus_client import REGISTRY
 from spoke_fakes import FakeHub
 
-from spokefs import protocol
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import SpokeConfig
 from spokefs.fuse.control import Control
@@ -21,6 +20,7 @@ from spokefs.namespace.replica import ROOT_INODE, Namespace
 from spokefs.protocol import Entry
 from spokefs.read.block_source import BlockSource
 from spokefs.read.reader import Reader
+from tests.helpers import wire
 
 ROOT = 0x100
 DATA = os.urandom(10_000)
@@ -33,7 +33,7 @@ class Ctx:
 
 def make_ops(tmp_path: Path, open_mode: str, control: bool = False):
     ns = Namespace(tmp_path / "ns")
-    ns.load_snapshot(protocol.encode_snapshot(3, ROOT, [
+    ns.reload_snapshot(wire.snapshot(3, ROOT, [
         Entry(ROOT, 0, stat.S_IFDIR | 0o755, 0, 10, 2, 0, b""),
         Entry(0x200, ROOT, stat.S_IFREG | 0o640, len(DATA), 123456789, 1, 9, b"f"),
         Entry(0x300, ROOT, stat.S_IFLNK | 0o777, 0, 10, 1, 0, b"l", b"f"),

@@ -48,7 +48,11 @@ def test_failover_moves_once_and_skips_hubs_known_down() -> None:
     assert origins.current() == A
     assert not origins.all_reachable()
     origins.worked(B)
-    assert origins.reachable(B) and not origins.reachable(A)
+    assert origins.other_than({A}) == B  # answered again: a hub to ask
+    assert origins.other_than({A, B}) is None  # C has not
+    origins.worked(A)
+    origins.worked(C)
+    assert origins.all_reachable()
 
 
 def test_other_than_lists_reachable_hubs_not_yet_asked() -> None:
@@ -88,7 +92,7 @@ async def test_watch_preferred_moves_back_when_the_probe_answers(
         assert origins.current() == B and len(probed) == 2  # every 2 s
         answers[A] = True
         await trio.sleep(2)
-        assert origins.current() == A and origins.reachable(A)
+        assert origins.current() == A and origins.all_reachable()
         assert _failovers("preferred") == before + 1
         count = len(probed)
         await trio.sleep(10)

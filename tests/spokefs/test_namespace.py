@@ -8,6 +8,7 @@ from spokefs import protocol
 from spokefs.errors import NotFound
 from spokefs.namespace.replica import ROOT_INODE, Namespace
 from spokefs.protocol import Entry
+from tests.helpers import wire
 
 ROOT = 0x100
 DIR = stat.S_IFDIR | 0o755
@@ -28,7 +29,7 @@ def tree(gen: int = 1) -> list[Entry]:
 
 def test_load_lookup_getattr_readdir(tmp_path):
     ns = Namespace(tmp_path)
-    info = ns.load_snapshot(protocol.encode_snapshot(7, ROOT, tree()))
+    info = ns.reload_snapshot(wire.snapshot(7, ROOT, tree())).info
     assert (info.generation, info.entries) == (7, 505)
     root = ns.getattr(ROOT_INODE)
     assert root.ino == ROOT_INODE and stat.S_ISDIR(root.mode) and root.nlink == 3
@@ -62,9 +63,9 @@ def test_load_lookup_getattr_readdir(tmp_path):
 )
 def test_hostile_snapshot_is_rejected_and_old_namespace_kept(tmp_path, bad):
     ns = Namespace(tmp_path)
-    good = ns.load_snapshot(protocol.encode_snapshot(7, ROOT, tree()))
+    good = ns.reload_snapshot(wire.snapshot(7, ROOT, tree())).info
     with pytest.raises(protocol.WireError):
-        ns.load_snapshot(protocol.encode_snapshot(8, ROOT, [*tree(), bad]))
+        ns.reload_snapshot(wire.snapshot(8, ROOT, [*tree(), bad]))
     assert ns.info == good
     assert ns.lookup(ROOT_INODE, b"a\nb").ino == 0x300
     ns.close()
@@ -72,9 +73,9 @@ def test_hostile_snapshot_is_rejected_and_old_namespace_kept(tmp_path, bad):
 
 def test_truncated_snapshot_is_rejected(tmp_path):
     ns = Namespace(tmp_path)
-    blob = protocol.encode_snapshot(7, ROOT, tree())
+    blob = wire.snapshot(7, ROOT, tree())
     with pytest.raises(protocol.WireError):
-        ns.load_snapshot(blob[: len(blob) // 2])
+        ns.reload_snapshot(blob[: len(blob) // 2])
     assert ns.info is None
     ns.close()
 
@@ -85,7 +86,7 @@ def changes(frm: int, to: int, records: list[bytes]) -> bytes:
 
 def loaded(tmp_path) -> Namespace:
     ns = Namespace(tmp_path)
-    ns.load_snapshot(protocol.encode_snapshot(7, ROOT, tree()))
+    ns.reload_snapshot(wire.snapshot(7, ROOT, tree()))
     return ns
 
 
@@ -93,12 +94,12 @@ def test_changes_rename_grow_remove_and_new_dir(tmp_path):
     ns = loaded(tmp_path)
     before = [n for _, n, _ in ns.readdir(0x200, 0)]
     applied = ns.apply_changes(changes(7, 9, [
-        protocol.encode_remove(ROOT, b"a\nb"),                              # rename a\nb -> renamed
-        protocol.encode_upsert(Entry(0x300, ROOT, REG, 5, 3, 2, 0xAA, b"renamed")),
-        protocol.encode_upsert(Entry(0x1001, 0x200, REG, 99, 6, 1, 0xBB, b"f00001")),  # grown
-        protocol.encode_remove(0x200, b"f00002"),                           # removed
-        protocol.encode_upsert(Entry(0x900, ROOT, DIR, 0, 7, 2, 0, b"new")),  # new dir + child
-        protocol.encode_upsert(Entry(0x901, 0x900, REG, 1, 7, 1, 1, b"x")),
+        protocol.encode_remove(ROOT, b"a\nb"),                        # rename a\nb -> renamed
+        wire.upsert(Entry(0x300, ROOT, REG, 5, 3, 2, 0xAA, b"renamed")),
+        wire.upsert(Entry(0x1001, 0x200, REG, 99, 6, 1, 0xBB, b"f00001")),  # grown
+        protocol.encode_remove(0x200, b"f00002"),                     # removed
+        wire.upsert(Entry(0x900, ROOT, DIR, 0, 7, 2, 0, b"new")),     # new dir + child
+        wire.upsert(Entry(0x901, 0x900, REG, 1, 7, 1, 1, b"x")),
     ]))
     assert applied.info.generation == 9 and applied.records == 6
     with pytest.raises(NotFound):
@@ -124,11 +125,11 @@ def test_changes_rename_grow_remove_and_new_dir(tmp_path):
     "records",
     [
         [protocol.encode_remove(ROOT, b"nope")],                                   # unknown name
-        [protocol.encode_upsert(Entry(0x950, 0x300, REG, 1, 1, 1, 1, b"under-a-file"))],
-        [protocol.encode_upsert(Entry(0x950, 0x999, REG, 1, 1, 1, 1, b"orphan"))],
-        [protocol.encode_remove(ROOT, b"sub dir"),                                     # a cycle
-         protocol.encode_upsert(Entry(0x960, 0x200, DIR, 0, 1, 2, 0, b"inner")),
-         protocol.encode_upsert(Entry(0x200, 0x960, DIR, 0, 1, 2, 0, b"loop"))],
+        [wire.upsert(Entry(0x950, 0x300, REG, 1, 1, 1, 1, b"under-a-file"))],
+        [wire.upsert(Entry(0x950, 0x999, REG, 1, 1, 1, 1, b"orphan"))],
+        [protocol.encode_remove(ROOT, b"sub dir"),                             # a cycle
+         wire.upsert(Entry(0x960, 0x200, DIR, 0, 1, 2, 0, b"inner")),
+         wire.upsert(Entry(0x200, 0x960, DIR, 0, 1, 2, 0, b"loop"))],
     ],
 )
 def test_bad_changes_are_rejected_whole(tmp_path, records):
@@ -154,7 +155,7 @@ def test_bulk_load_in_any_step_size_gives_the_same_namespace(tmp_path, monkeypat
     from spokefs.namespace import replica as namespace
     monkeypatch.setattr(namespace._BulkLoader, "_STEP", step)
     ns = Namespace(tmp_path)
-    info = ns.load_snapshot(protocol.encode_snapshot(7, ROOT, tree()))
+    info = ns.reload_snapshot(wire.snapshot(7, ROOT, tree())).info
     assert (info.entries, info.total_bytes) == (505, 5 + 5 + 6 + sum(range(500)))  # per name
     sub = ns.lookup(ROOT_INODE, b"sub dir")
     assert [n for _, n, _ in ns.readdir(sub.ino, 0)][:3] == [b"hardlink", b"\xff\xfe", b"f00000"]
@@ -167,19 +168,19 @@ def test_a_name_twice_across_load_steps_is_rejected(tmp_path, monkeypatch):
     ns = Namespace(tmp_path)
     twice = [*tree(), Entry(0x9000, 0x200, REG, 1, 1, 1, 1, b"f00003")]
     with pytest.raises(protocol.WireError, match="listed twice"):
-        ns.load_snapshot(protocol.encode_snapshot(7, ROOT, twice))
+        ns.reload_snapshot(wire.snapshot(7, ROOT, twice))
     assert ns.info is None
 
 
 def test_a_reload_invalidates_every_old_directory(tmp_path):
     ns = loaded(tmp_path)
-    applied = ns.reload_snapshot(protocol.encode_snapshot(8, ROOT, tree()[:3]))
+    applied = ns.reload_snapshot(wire.snapshot(8, ROOT, tree()[:3]))
     assert {ROOT_INODE, 0x200} <= set(applied.inodes)  # listings the kernel may hold
 
 
 def test_readdir_types_match_readdir(tmp_path):
     ns = Namespace(tmp_path)
-    ns.load_snapshot(protocol.encode_snapshot(7, ROOT, tree()))
+    ns.reload_snapshot(wire.snapshot(7, ROOT, tree()))
     for ino in (ROOT_INODE, 0x200):
         want = [(pos, name, a.ino, a.mode) for pos, name, a in ns.readdir(ino, 0)]
         assert list(ns.readdir_types(ino, 0)) == want and want
@@ -188,7 +189,7 @@ def test_readdir_types_match_readdir(tmp_path):
 
 def test_readdir_rows_match_readdir(tmp_path):
     ns = Namespace(tmp_path)
-    ns.load_snapshot(protocol.encode_snapshot(7, ROOT, tree()))
+    ns.reload_snapshot(wire.snapshot(7, ROOT, tree()))
     for ino in (ROOT_INODE, 0x200):
         rows = list(ns.readdir_rows(ino, 0))
         want = [
@@ -201,26 +202,27 @@ def test_readdir_rows_match_readdir(tmp_path):
     assert list(ns.readdir_rows(0x200, 100)) == list(ns.readdir_rows(0x200, 0))[100:]
 
 
-def test_subdirs_parent_and_siblings(tmp_path):
+def test_subdirs_parent_and_files(tmp_path):
     ns = Namespace(tmp_path)
-    ns.load_snapshot(protocol.encode_snapshot(7, ROOT, [*tree(), Entry(0x600, ROOT, DIR, 0, 1, 2, 0,
-                                                                   b"other")]))
-    assert ns.subdirs(ROOT) == [0x200, 0x600]
+    ns.reload_snapshot(wire.snapshot(7, ROOT, [*tree(), Entry(0x600, ROOT, DIR, 0, 1, 2, 0,
+                                                              b"other")]))
+    assert ns.subdirs(ROOT) == [0x200, 0x600] and ns.subdirs(0x200) == []
     assert (ns.parent_of(ROOT), ns.parent_of(0x600)) == (0, ROOT)
-    assert ns.sibling_dirs(0x200) == (ROOT, [0x600])
-    assert ns.sibling_dirs(ROOT) == (0, [])
-    assert sorted(ns.dir_files(0x200))[:2] == [(0x300, 0xAA, 5), (0x1000, 0, 0)]
+    files = ns.dir_files_named(0x200)  # regular files only: not the symlink
+    assert len(files) == 501 and (b"hardlink", 0x300, 0xAA, 5) in files
+    assert sorted(f[1:] for f in files)[:2] == [(0x300, 0xAA, 5), (0x1000, 0, 0)]
+    assert ns.dir_files_named(ROOT) == [(b"a\nb", 0x300, 0xAA, 5)]
 
 
 async def test_dir_lister_keeps_a_parents_subdirs_per_generation(tmp_path):
     from spokefs.fuse.mount import _DirLister
     ns = Namespace(tmp_path)
-    ns.load_snapshot(protocol.encode_snapshot(7, ROOT, tree()))
+    ns.reload_snapshot(wire.snapshot(7, ROOT, tree()))
     lister = _DirLister(ns)
     assert await lister.siblings(0x200) == (ROOT, [0x200])  # the whole list, itself included
     assert await lister.siblings(ROOT) == (0, [])
     extra = Entry(0x600, ROOT, DIR, 0, 1, 2, 0, b"other")
-    ns.load_snapshot(protocol.encode_snapshot(8, ROOT, [*tree(), extra]))  # a new generation
+    ns.reload_snapshot(wire.snapshot(8, ROOT, [*tree(), extra]))  # a new generation
     assert await lister.siblings(0x200) == (ROOT, [0x200, 0x600])
 
 
@@ -230,7 +232,7 @@ async def test_dir_lister_packs_match_the_hubs_per_generation(tmp_path):
     from spokefs.fuse.mount import _DirLister
     from spokefs.types import FileVersion
     ns = Namespace(tmp_path)
-    ns.load_snapshot(protocol.encode_snapshot(7, ROOT, tree()))
+    ns.reload_snapshot(wire.snapshot(7, ROOT, tree()))
     lister = _DirLister(ns)
 
     def hubs(entries: list[Entry], dir_id: int) -> list[protocol.PackPlan]:
@@ -247,6 +249,6 @@ async def test_dir_lister_packs_match_the_hubs_per_generation(tmp_path):
     assert await lister.pack_of(ROOT, FileVersion(0x1005, 5, 5)) is None  # not listed there
     changed = [e if e.file_id != 0x1005 else Entry(0x1005, 0x200, REG, 7, 9, 1, 99, e.name)
                for e in tree()]
-    ns.load_snapshot(protocol.encode_snapshot(8, ROOT, changed))  # a new generation
+    ns.reload_snapshot(wire.snapshot(8, ROOT, changed))  # a new generation
     (new,) = await lister.packs(0x200)
     assert [new] == hubs(changed, 0x200) and new.digest != plan.digest

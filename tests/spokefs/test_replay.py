@@ -12,7 +12,7 @@ import trio
 from spoke_fakes import FakeHub
 
 from spokefs import protocol
-from spokefs.cache.block_cache import BlockCache
+from spokefs.cache.block_cache import ORIGIN_REPLAY, BlockCache
 from spokefs.config import CHUNK_SIZE
 from spokefs.hub.link_model import LinkReach
 from spokefs.jobs.replay import Replayer
@@ -20,6 +20,7 @@ from spokefs.jobs.trace_file import Entry, Resolved, Target
 from spokefs.read.block_source import BlockSource
 from spokefs.read.trace import EXTENT_BYTES
 from spokefs.types import FileVersion
+from tests.helpers.block_cache import read_range
 
 REQUEST = 3 << 20
 
@@ -95,9 +96,11 @@ async def test_first_access_order_packs_and_extents(tmp_path):
     assert sum(n for _, n in ranges) == 2 * EXTENT_BYTES
     assert all(n <= REQUEST for _, n in ranges)
     assert {s // EXTENT_BYTES for s, _ in ranges} == {0, 2}
-    got = await cache.get_blocks(big, 1, 0, EXTENT_BYTES // 4096 - 1)
-    assert got.by_origin[3] == EXTENT_BYTES // 4096  # ORIGIN_REPLAY
-    assert not await cache.get_blocks(big, 1, EXTENT_BYTES // 4096, EXTENT_BYTES // 4096)
+    got = await read_range(cache, big, 1, 0, EXTENT_BYTES)
+    assert got.data == files["big.tar"][:EXTENT_BYTES]
+    assert got.by_origin[ORIGIN_REPLAY] == EXTENT_BYTES // 4096
+    skipped = await read_range(cache, big, 1, EXTENT_BYTES, EXTENT_BYTES + 4096)
+    assert skipped.missing == [EXTENT_BYTES // 4096]
     # a rerun finds everything cached and fetches nothing
     calls, packs = len(hub.calls), len(hub.packs)
     again = await _replay(replayer, cache, entries)

@@ -9,6 +9,7 @@ from spokefs import protocol
 from spokefs.namespace import snapshot_load
 from spokefs.namespace.replica import Namespace
 from spokefs.protocol import Entry
+from tests.helpers import wire
 
 ROOT = 0x100
 DIR, REG = 0o040755, 0o100644
@@ -25,14 +26,14 @@ async def test_a_child_load_gives_the_same_namespace_and_the_parent_sees_it(tmp_
     ns = Namespace(tmp_path / "ns")
     try:
         applied = await snapshot_load.reload_snapshot_apart(
-            ns, protocol.encode_snapshot(7, ROOT, tree()))
+            ns, wire.snapshot(7, ROOT, tree()))
         assert ns.info is not None and ns.info.generation == 7 and ns.info.entries == 51
         assert applied.info == ns.info
-        assert len(ns.dir_files(ROOT)) == 50
+        assert len(ns.dir_files_named(ROOT)) == 50
         # a second load (the hub's generation is gone): what the kernel must forget comes back
         applied = await snapshot_load.reload_snapshot_apart(
-            ns, protocol.encode_snapshot(9, ROOT, tree(extra=1)))
-        assert ns.info.generation == 9 and len(ns.dir_files(ROOT)) == 51
+            ns, wire.snapshot(9, ROOT, tree(extra=1)))
+        assert ns.info.generation == 9 and len(ns.dir_files_named(ROOT)) == 51
         assert applied.names  # the root's old names are forgotten wholesale
     finally:
         ns.close()
@@ -41,11 +42,11 @@ async def test_a_child_load_gives_the_same_namespace_and_the_parent_sees_it(tmp_
 async def test_a_hostile_snapshot_is_refused_and_nothing_changes(tmp_path):
     ns = Namespace(tmp_path / "ns")
     try:
-        await snapshot_load.reload_snapshot_apart(ns, protocol.encode_snapshot(7, ROOT, tree()))
-        blob = protocol.encode_snapshot(8, ROOT, tree())
+        await snapshot_load.reload_snapshot_apart(ns, wire.snapshot(7, ROOT, tree()))
+        blob = wire.snapshot(8, ROOT, tree())
         with pytest.raises(protocol.WireError):
             await snapshot_load.reload_snapshot_apart(ns, blob[: len(blob) // 2])
-        assert ns.info.generation == 7 and len(ns.dir_files(ROOT)) == 50
+        assert ns.info.generation == 7 and len(ns.dir_files_named(ROOT)) == 50
     finally:
         ns.close()
 
@@ -56,6 +57,6 @@ async def test_a_child_that_cannot_load_is_a_clear_error(tmp_path):
         ns.path = tmp_path / "missing" / "file-not-dir"  # the child cannot open it
         (tmp_path / "missing").write_text("a file where a directory should be")
         with pytest.raises(snapshot_load.LoadFailed, match="exited"):
-            await snapshot_load.reload_snapshot_apart(ns, protocol.encode_snapshot(7, ROOT, tree()))
+            await snapshot_load.reload_snapshot_apart(ns, wire.snapshot(7, ROOT, tree()))
     finally:
         ns.close()
