@@ -126,7 +126,6 @@ class Replayer:
         self._wake = trio.Event()
         self._inflight = 0
         self._changed = trio.Event()
-        self._settled = trio.Event()  # set (and replaced) whenever a replay ends
 
     # -- control (synchronous) ----------------------------------------------------------
 
@@ -147,12 +146,6 @@ class Replayer:
         self._pending = None
 
     def progress(self) -> Progress:
-        return self._progress
-
-    async def wait_finished(self) -> Progress:
-        """Wait until no replay is resolving or running; the last one's progress."""
-        while self._progress.state in ("resolving", "running"):
-            await self._settled.wait()
         return self._progress
 
     async def cached_bytes(self, files: list[FileVersion]) -> int:
@@ -178,8 +171,6 @@ class Replayer:
                 progress.state = "stopped"
                 log.info("replay %d (%s) stopped at %d of %d bytes", progress.id,
                          progress.name, progress.done_bytes, progress.total_bytes)
-            self._settled.set()
-            self._settled = trio.Event()
 
     async def _replay(self, progress: Progress, entries: list[Entry]) -> None:
         started = time.monotonic()

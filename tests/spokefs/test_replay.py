@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 import trio
-from spoke_fakes import FakeHub
+from spoke_fakes import FakeHub, poll_until
 
 from spokefs import protocol
 from spokefs.cache.block_cache import ORIGIN_REPLAY, BlockCache
@@ -61,12 +61,17 @@ def _setup(tmp_path, files: dict[str, bytes], budget: int = 1 << 40):
     return hub, cache, replayer, fvs
 
 
+async def _finished(replayer: Replayer) -> None:
+    """Until no replay is resolving or running (what ``spokefs warm --trace`` polls)."""
+    await poll_until(lambda: replayer.progress().state not in ("resolving", "running"), 0.01)
+
+
 async def _replay(replayer: Replayer, cache: BlockCache, entries: list[Entry]):
     async with trio.open_nursery() as nursery:
         await nursery.start(cache.run)
         await nursery.start(replayer.run)
         replayer.start(entries, "t")
-        await replayer.wait_finished()
+        await _finished(replayer)
         await cache.flush()
         nursery.cancel_scope.cancel()
     return replayer.progress()
@@ -132,7 +137,7 @@ async def test_a_new_replay_replaces_the_running_one(tmp_path):
         first = replayer.start([Entry(f"{i}.jpg", 1, 100_000, None) for i in range(40)], "a")
         await trio.sleep(0.1)
         second = replayer.start([Entry("0.jpg", 1, 100_000, None)], "b")
-        await replayer.wait_finished()
+        await _finished(replayer)
         assert replayer.progress().id == second == first + 1
         assert replayer.progress().state == "done"
         replayer.stop()
