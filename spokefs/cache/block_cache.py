@@ -107,7 +107,8 @@ staged and not yet stored: bytes only, fetched again on the next miss.
 
 ``AccessClock`` belongs to the trio thread; writer threads only read its
 table (one array item at a time, atomic under the GIL; a stale value only makes one choice
-worse), and its side file is written at ``close`` (a clean shutdown) only. Blocking work
+worse), and its side file is written by a worker thread from the writer task every
+``_CLOCK_SAVE_S`` while visits come (not while idle), and at ``close``. Blocking work
 outside threads: only at open, after an unclean shutdown, the check below runs a child
 process synchronously (before the mount serves anything).
 
@@ -117,7 +118,7 @@ call time); re-check any state read before the await (a reset may have replaced 
 other tasks may have moved the clock).
 
 Crash states: ``kill -9`` leaves the last committed transaction (each fill, with its
-evictions, is one); the access clock's side file is as the last clean shutdown left it, which
+evictions, is one); the access clock's side file may be up to ``_CLOCK_SAVE_S`` old, which
 costs hit ratio only. The environment is opened with ``sync=False``: a machine crash may lose
 recent fills, and may also tear LMDB's own pages. So a ``clean-shutdown`` marker is removed
 at open and written at close; without it, a child process walks every database first, since a
@@ -189,6 +190,7 @@ _HAND_LIMIT = 4096  # protected entries the hand may look at per transaction
 _PROMOTE_BATCH = 256  # pending promotions that justify a write transaction of their own
 _STAGED_MAX_BYTES = 256 << 20  # background fills wait while the writer is this far behind
 _CLOCK_FILE = "access-clock"
+_CLOCK_SAVE_S = 300.0  # what a kill -9 can cost the policy's memory (a few KiB-MiB to write)
 _CLEAN_MARK = "clean-shutdown"
 _VERIFY_TIMEOUT_S = 600.0  # ~2 us per chunk: 14 s for 500 GiB; a stuck check is not fatal
 _CORRUPT: tuple[type[Exception], ...] = (
@@ -354,12 +356,20 @@ class BlockCache:
     def close(self) -> None:
         """Close the environment and mark it cleanly shut down (no check at the next open)."""
         self._store.close()
-        if self._broken is None:
+        if self._broken is None and self._save_clock():
             try:
-                self._clock.save(self.path / _CLOCK_FILE)
                 (self.path / _CLEAN_MARK).touch()
             except OSError as exc:
-                log.warning("block cache: could not save the access clock: %s", exc)
+                log.warning("block cache: could not mark a clean shutdown: %s", exc)
+
+    def _save_clock(self) -> bool:
+        """Write the access clock's side file; whether it was written."""
+        try:
+            self._clock.save(self.path / _CLOCK_FILE)
+        except OSError as exc:
+            log.warning("block cache: could not save the access clock: %s", exc)
+            return False
+        return True
 
     def statistics(self) -> CacheStats:
         s = self._stats
@@ -576,8 +586,17 @@ class BlockCache:
         """The writer: one write transaction for all that was staged since the last one,
         then the checksum drops and promotions; sets a broken environment aside."""
         task_status.started()
+        saved_tick, save_at = self._clock.tick, trio.current_time() + _CLOCK_SAVE_S
         while True:
-            await self._work.wait()
+            with trio.move_on_at(save_at):
+                await self._work.wait()
+            if trio.current_time() >= save_at:
+                save_at = trio.current_time() + _CLOCK_SAVE_S
+                if self._clock.tick != saved_tick:  # visits came: a kill -9 would lose them
+                    saved_tick = self._clock.tick
+                    await trio.to_thread.run_sync(self._save_clock)
+            if not self._work.is_set():
+                continue
             self._work = trio.Event()
             if self._broken is not None and self._active == 0:
                 with trio.CancelScope(shield=True):

@@ -29,8 +29,8 @@ reads without writing anything on a hit:
 Concurrency: one instance per ``BlockCache``, mutated only by the trio thread. Writer threads
 read ``last()``/``is_visited()`` while the trio thread may store into the table: reads of one
 array item are atomic under the GIL and a stale answer only makes a policy choice slightly
-worse. The table is saved to a side file on close (``save``), and loaded at open; after
-``kill -9`` it is the one of the last clean shutdown, which costs hit ratio, never
+worse. The table is saved to a side file on close and now and then (``save``), and loaded at
+open; after ``kill -9`` it is at most one save interval old, which costs hit ratio, never
 correctness.
 """
 

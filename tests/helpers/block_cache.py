@@ -1,5 +1,5 @@
-"""The block cache driven through its production API only, as the fetcher and the reader
-drive it: fills are ``BlockCache.stage``d and stored by the writer task (``BlockCache.run``,
+"""The block cache driven through its production API only, as ``read.block_source`` drives
+it: fills are ``BlockCache.stage``d and stored by the writer task (``BlockCache.run``,
 ``flush``); reads are ``BlockCache.read``, then ``read_on_disk`` when the bytes are not in RAM
 (the reader's path, with its checksum checks and its visits for eviction)."""
 

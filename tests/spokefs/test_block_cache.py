@@ -777,3 +777,28 @@ async def test_reads_promote_through_the_writer(tmp_path):
             await poll_until(lambda: cache.statistics().protected_chunks >= 256, 0.01)
         nursery.cancel_scope.cancel()
     cache.close()
+
+
+async def test_the_access_clock_is_saved_while_visits_come(tmp_path, autojump_clock):
+    """The writer saves the access clock every few minutes while reads visit chunks, so a
+    kill -9 (no close) loses at most that much of what eviction has learned."""
+    from spokefs.cache.block_cache import _CLOCK_FILE, _CLOCK_SAVE_S
+    from spokefs.cache.policy import AccessClock
+
+    cache = BlockCache(tmp_path, 64 << 20)
+    data = os.urandom(CHUNK_SIZE)
+    await stage_and_store(cache, 5, 1, [(0, data)])
+    clock_file = tmp_path / _CLOCK_FILE
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        await trio.sleep(_CLOCK_SAVE_S * 2)
+        assert not clock_file.exists()  # idle: nothing to save
+        for _ in range(3):
+            assert (await read_range(cache, 5, 1, 0, CHUNK_SIZE)).data == data
+        await trio.sleep(_CLOCK_SAVE_S + 1)
+        await poll_until(clock_file.exists, 0.1)
+        nursery.cancel_scope.cancel()
+    saved = AccessClock(64 << 20)
+    saved.load(clock_file, 0)
+    assert saved.tick >= 3
+    cache.close()
