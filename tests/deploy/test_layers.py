@@ -243,3 +243,12 @@ def test_no_private_name_is_imported_from_another_module() -> None:
                                      f"from {'.' * node.level}{node.module or ''} import "
                                      f"{', '.join(private)}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_every_module_over_500_lines_says_why_in_contributing() -> None:
+    contributing = (REPO / "docs" / "contributing.md").read_text()
+    long = [path.relative_to(REPO) for path in _modules().values()
+            if len(path.read_text().splitlines()) > 500]
+    unexplained = [str(p) for p in long
+                   if f"`{p.relative_to(p.parts[0])}` (" not in contributing]
+    assert not unexplained, unexplained
