@@ -112,8 +112,9 @@ for _p in (str(HERE), str(REPO)):
 import benchlib as bl  # noqa: E402
 from longlink import LongLinkProcess  # noqa: E402
 
-from spokefs import protocol, trace_file  # noqa: E402
+from spokefs import protocol  # noqa: E402
 from spokefs.hub.bodies import unframed  # noqa: E402
+from spokefs.jobs import trace_file  # noqa: E402
 
 RESULTS = HERE / "results" / "train.jsonl"
 KIB, MIB = 1024, 1024 * 1024
