@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 
-debs=(fuse3 libfuse3-dev pkg-config gcc)
+# libxxhash-dev: the header of the package's one C part (spokefs/protocol/frames_c.c)
+debs=(fuse3 libfuse3-dev pkg-config gcc libxxhash-dev)
 python3 -c 'import venv, ensurepip' 2>/dev/null || debs+=(python3-venv python3-dev)
 # prometheus: the observability tests run a real Prometheus and its promtool;
 # openssl (priority optional, not in minimal images): the TLS tests make a throwaway CA

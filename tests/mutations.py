@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
@@ -68,14 +69,27 @@ MUTATIONS = [
         "wire-frame-sum-offset", "spokefs/protocol/frames.py",
         "unpack(frame, len(frame) - FRAME_SUM.size)[0]",
         "unpack(frame, len(frame) - FRAME_SUM.size - 8)[0]",
-        ("tests/spokefs/test_hub_client_hostile.py", "tests/integration/test_foundation.py"),
-        "deframing reads each frame's sum 8 bytes early (protocol.split_frames)"),
+        ("tests/protocol/test_frames.py", "tests/spokefs/test_hub_client_hostile.py"),
+        "deframing reads each frame's sum 8 bytes early (protocol.split_frames, the Python way)"),
     Mutation(
-        "spoke-frame-check-dropped", "spokefs/hub/bodies.py",
-        "            if digest(chunk, seed(file_id, version, first_frame + k)) != want:",
-        "            if False:",
-        ("tests/spokefs/test_hub_client_hostile.py", "tests/integration/test_hostile_hub.py"),
-        "the spoke stops checking frame sums (bodies.unframed)"),
+        "spoke-frame-check-dropped", "spokefs/protocol/frames.py",
+        "        if digest(chunk, frame_seed(file_id, version, first_frame + k)) != want:",
+        "        if False:",
+        ("tests/protocol/test_frames.py", "tests/spokefs/test_hub_client_hostile.py"),
+        "the spoke stops checking frame sums (protocol.unframe, the Python way)"),
+    Mutation(
+        "native-frame-check-dropped", "spokefs/protocol/frames_c.c",
+        "                != want) {",
+        "                != want && 0) {",
+        ("tests/protocol/test_frames.py", "tests/spokefs/test_hub_client_hostile.py",
+         "tests/integration/test_hostile_hub.py"),
+        "the spoke stops checking frame sums (frames_c.unframe, the native way)"),
+    Mutation(
+        "native-frame-seed-off-by-one", "spokefs/protocol/frames_c.c",
+        "seed_of(file_id, version, first + k))\n                != want",
+        "seed_of(file_id, version, first + k + 1))\n                != want",
+        ("tests/protocol/test_frames.py", "tests/integration/test_foundation.py"),
+        "the native check expects each frame's sum with the next frame's seed"),
     Mutation(
         "pack-sum-dropped", "spokefs/hub/client.py",
         "if rec is not None and xxhash.xxh3_64_intdigest(rec[0]) != rec[1]:",
@@ -158,6 +172,18 @@ def _copy_tree(dest: Path) -> None:
         shutil.copy2(REPO / rel, target)
 
 
+def _build_native(root: Path) -> None:
+    """Compile the package's C part into the copy, as setuptools does at install (the built
+    module is not in git, so the copy would otherwise test the Python fallback only)."""
+    inc = sysconfig.get_paths()["include"]
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    for src in root.rglob("*.c"):
+        if src.parts[len(root.parts)] != "spokefs":
+            continue
+        subprocess.run(["gcc", "-O3", "-shared", "-fPIC", f"-I{inc}", str(src), "-o",
+                        str(src.with_name(src.stem + suffix))], check=True)
+
+
 def _apply(root: Path, m: Mutation) -> None:
     path = root / m.path
     text = path.read_text()
@@ -180,6 +206,7 @@ def run(m: Mutation, *, mutate: bool) -> tuple[str, float, str]:
         _copy_tree(root)
         if mutate:
             _apply(root, m)
+        _build_native(root)
         env = {k: v for k, v in os.environ.items() if not k.startswith("COVERAGE_")}
         env.pop("CI", None)  # a skip must stay a skip, not a failure counted as caught
         env.pop("PYTHONPATH", None)

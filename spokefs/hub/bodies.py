@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import httpx
-import xxhash
 
 from spokefs import protocol
 from spokefs.errors import HubProtocolError
@@ -35,18 +34,12 @@ def origin_of(resp: httpx.Response, origin: str) -> str:
 
 def unframed(body: bytes, file_id: int, version: int, first_frame: int) -> bytes:
     """The data of a framed body, every frame checked against its seeded sum."""
-    data: list[memoryview] = []
-    seed = protocol.frame_seed
-    digest = xxhash.xxh3_64_intdigest
     try:
-        for k, (chunk, want) in enumerate(protocol.split_frames(body)):
-            if digest(chunk, seed(file_id, version, first_frame + k)) != want:
-                raise FrameMismatch(f"frame {first_frame + k} of {file_id:x} failed its "
-                                    f"checksum")
-            data.append(chunk)
+        return protocol.unframe(body, file_id, version, first_frame)
+    except protocol.FrameSumError as exc:
+        raise FrameMismatch(f"frame {exc.index} of {file_id:x} failed its checksum") from None
     except protocol.WireError as exc:
         raise HubProtocolError(f"bad framed answer: {exc}") from None
-    return b"".join(data)
 
 
 def decoded(

@@ -5,7 +5,8 @@ Its design and formats are in docs/protocol.md. The modules:
 
 - ``base``: the version, ids in URLs, name limits, ``WireError``.
 - ``routes``: paths, headers, media types, ETags.
-- ``frames``: the framed representation of a blob (written by ``encode_frames`` only).
+- ``frames``: the framed representation of a blob (written by ``encode_frames``, checked by
+  ``unframe``; both native where ``frames_c`` is built).
 - ``packs``: deterministic packs and the pack answer.
 - ``tree``: the snapshot and changes streams.
 
@@ -32,10 +33,12 @@ from spokefs.protocol.frames import (
     SLICE_BYTES,
     SLICE_DATA_BYTES,
     SLICE_FRAMES,
+    FrameSumError,
     encode_frames,
     frame_seed,
     framed_size,
     split_frames,
+    unframe,
 )
 from spokefs.protocol.packs import (
     MAX_PACK_FILES,
@@ -128,6 +131,7 @@ __all__ = [
     "ChangesDecoder",
     "ChangesHeader",
     "Entry",
+    "FrameSumError",
     "PackDecoder",
     "PackPlan",
     "Remove",
@@ -157,5 +161,6 @@ __all__ = [
     "parse_pack_index",
     "plan_packs",
     "split_frames",
+    "unframe",
     "validate_name",
 ]

@@ -1,7 +1,12 @@
 """The framed representation of a blob: every 4 KiB of data followed by its xxh3, seeded with
 the file, version and frame index (docs/protocol.md, "Why a version 2"). ``encode_frames`` is the
-one place frames are written (hubd's directory and bucket readers, the benchmarks); the spoke
-checks them with ``split_frames``.
+one place frames are written (hubd's directory and bucket readers, the benchmarks);
+``unframe`` is the one place they are checked (the spoke's hub client).
+
+Both run in one native call per body (``frames_c``, C, built with the package where a
+compiler and xxHash's header are found: ``deploy/setup.sh`` installs them) and fall back to
+the same loop in Python when it is not built (``NATIVE`` is False). Both ways give the same
+bytes and the same errors; the tests run both.
 """
 
 from __future__ import annotations
@@ -12,6 +17,13 @@ from collections.abc import Iterator
 import xxhash
 
 from spokefs.protocol.base import U64_MAX, WireError
+
+try:  # C, optional: see the module docstring
+    from spokefs.protocol import frames_c
+
+    NATIVE = True
+except ImportError:  # pragma: no cover - the package was installed without its C part
+    NATIVE = False
 
 FRAME_DATA_BYTES = 4096  # = the spoke cache's block (see "Why 4 KiB frames")
 FRAME_SUM = struct.Struct("<Q")
@@ -33,6 +45,41 @@ def frame_seed(file_id: int, version: int, index: int) -> int:
     return (file_id * 0x9E3779B97F4A7C15 + version * 0xC2B2AE3D27D4EB4F + index) & U64_MAX
 
 
+class FrameSumError(Exception):
+    """A frame of a framed body failed its seeded sum: damaged, or served for another offset,
+    file or version. ``index`` is the frame's index in the file."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(f"frame {index} failed its checksum")
+        self.index = index
+
+
+def unframe(framed: bytes | memoryview, file_id: int, version: int, first_frame: int) -> bytes:
+    """The file data of a framed body that starts at frame ``first_frame``, every frame
+    checked against its seeded sum.
+
+    Raises:
+        FrameSumError: a frame failed its sum.
+        WireError: a frame with no data byte (the body was cut inside a sum).
+    """
+    if NATIVE:
+        try:
+            data, bad = frames_c.unframe(framed, file_id & U64_MAX, version & U64_MAX,
+                                       first_frame & U64_MAX)
+        except ValueError as exc:
+            raise WireError(str(exc)) from None
+        if data is None:
+            raise FrameSumError(first_frame + bad)
+        return data
+    pieces: list[memoryview] = []
+    digest = xxhash.xxh3_64_intdigest
+    for k, (chunk, want) in enumerate(split_frames(framed)):
+        if digest(chunk, frame_seed(file_id, version, first_frame + k)) != want:
+            raise FrameSumError(first_frame + k)
+        pieces.append(chunk)
+    return b"".join(pieces)
+
+
 def split_frames(framed: bytes | memoryview) -> Iterator[tuple[memoryview, int]]:
     """``(data, sum)`` of each frame of a framed body that starts on a frame boundary;
     the last frame may be short (the end of the file).
@@ -52,6 +99,9 @@ def split_frames(framed: bytes | memoryview) -> Iterator[tuple[memoryview, int]]
 def encode_frames(data: bytes | memoryview, file_id: int, version: int, first_frame: int) -> bytes:
     """``data``, file bytes that start at frame ``first_frame`` of a file version, in the
     framed representation: each 4 KiB frame followed by its seeded xxh3."""
+    if NATIVE:
+        return frames_c.frame(data, file_id & U64_MAX, version & U64_MAX,
+                              first_frame & U64_MAX)
     parts: list[bytes | memoryview] = []
     view = memoryview(data)
     for k, pos in enumerate(range(0, len(view), FRAME_DATA_BYTES)):

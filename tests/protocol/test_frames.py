@@ -1,0 +1,76 @@
+"""Framed blobs: the native part (``frames_c``) and the Python loop give the same bytes and
+the same errors, for every length and id; corruption, a cut sum and a wrong offset fail."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from spokefs.protocol import frames
+from spokefs.protocol.base import U64_MAX, WireError
+from spokefs.protocol.frames import FRAME_BYTES, FRAME_DATA_BYTES, FrameSumError
+
+LENGTHS = (0, 1, 4095, 4096, 4097, 3 * 4096, (1 << 20) + 17)
+IDS = ((1, 1, 0), (0x1234_5678_9ABC, 7, 3), (U64_MAX, U64_MAX, U64_MAX - 5), (2, 3, 1 << 40))
+
+
+@pytest.fixture(params=["native", "python"])
+def way(request, monkeypatch):
+    """Run the test through the C part and through the Python fallback."""
+    if request.param == "python":
+        monkeypatch.setattr(frames, "NATIVE", False)
+    return request.param
+
+
+def test_the_native_part_is_built() -> None:
+    """deploy/setup.sh installs a compiler and xxHash's header: the C part must be there
+    (the Python loop is the fallback for hub hosts without a compiler, not for CI)."""
+    assert frames.NATIVE
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("ids", IDS)
+def test_native_and_python_agree(length, ids, monkeypatch) -> None:
+    data = os.urandom(length)
+    native_framed = frames.encode_frames(data, *ids)
+    native_data = frames.unframe(native_framed, *ids)
+    monkeypatch.setattr(frames, "NATIVE", False)
+    python_framed = frames.encode_frames(data, *ids)
+    assert native_framed == python_framed
+    assert len(python_framed) == frames.framed_size(length)
+    assert frames.unframe(python_framed, *ids) == native_data == data
+
+
+def test_a_damaged_frame_names_its_index(way) -> None:
+    data = os.urandom(10 * FRAME_DATA_BYTES + 100)
+    framed = bytearray(frames.encode_frames(data, 9, 2, 40))
+    for k in (0, 4, 10):
+        damaged = bytearray(framed)
+        frame_len = min(FRAME_BYTES, len(framed) - k * FRAME_BYTES)
+        damaged[k * FRAME_BYTES + random.Random(k).randrange(frame_len - 8)] ^= 0x40
+        with pytest.raises(FrameSumError) as caught:
+            frames.unframe(bytes(damaged), 9, 2, 40)
+        assert caught.value.index == 40 + k
+    damaged = bytearray(framed)
+    damaged[FRAME_BYTES - 1] ^= 1  # the first frame's sum itself
+    with pytest.raises(FrameSumError):
+        frames.unframe(memoryview(damaged), 9, 2, 40)
+
+
+def test_frames_of_another_offset_file_or_version_fail(way) -> None:
+    framed = frames.encode_frames(os.urandom(3 * FRAME_DATA_BYTES), 9, 2, 40)
+    for ids in ((9, 2, 41), (10, 2, 40), (9, 3, 40)):
+        with pytest.raises(FrameSumError):
+            frames.unframe(framed, *ids)
+
+
+def test_a_body_cut_inside_a_sum_is_a_wire_error(way) -> None:
+    framed = frames.encode_frames(os.urandom(2 * FRAME_DATA_BYTES), 1, 1, 0)
+    for cut in (FRAME_BYTES + 1, FRAME_BYTES + 8):
+        with pytest.raises(WireError, match="has no data"):
+            frames.unframe(framed[:cut], 1, 1, 0)
+    # cut after a data byte: the short last frame fails its sum instead
+    with pytest.raises(FrameSumError):
+        frames.unframe(framed[: FRAME_BYTES + 9], 1, 1, 0)
