@@ -199,11 +199,12 @@ class Hub:
 
 @contextlib.contextmanager
 def run_hub(root: Path | str, log_path: Path, deadline: Deadline,
-            extra_args: Sequence[str] = ()) -> Iterator[Hub]:
-    """hubd serving root on a free loopback port; stopped with SIGTERM at the end."""
+            extra_args: Sequence[str] = (), src: Path = REPO) -> Iterator[Hub]:
+    """hubd (the code of checkout ``src``) serving root on a free loopback port; stopped with
+    SIGTERM at the end."""
     argv = [sys.executable, "-m", "hubd", "serve", str(root), "--listen", "127.0.0.1:0",
             "--log-level", "WARNING", *extra_args]
-    proc = Proc("hubd", argv, log_path)
+    proc = Proc("hubd", argv, log_path, src)
     try:
         url = proc.wait_line(HUB_READY_RE, deadline.timeout(600)).group(1).rstrip("/")
         yield Hub(proc, url, int(url.rsplit(":", 1)[1]), time.perf_counter() - proc.started)

@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""CPU-seconds per cold GB on both sides, and where they go: hub and spoke on loopback with no
+emulator in between, so only CPU limits (issue 23, "A profile of one cold GB").
+
+Two workloads, each pass on a fresh mount with an empty cache, page cache dropped first:
+
+- **shards**: ``--shards`` files of ``--shard-mib`` MiB read whole by 4 reader processes
+  (reader i takes shards i, i+4, ...; Python ``readinto``, 1 MiB buffer);
+- **small**: ``--files`` files of ~110 KiB (lognormal, median 110 KiB, sigma 0.6, cut to
+  4 KiB-1 MiB) in 100 directories, read whole in one shuffled order by 8 reader processes.
+
+For each pass: the spoke's and hubd's CPU seconds (utime + stime from /proc, between the
+first read and the last) per GB read (10^9 bytes), the wall time and GB/s. hubd runs once per
+workload and system (its scan is not counted); every pass drops the page cache, so hubd
+reads from disk. With ``--profile DIR`` each pass also runs ``py-spy record`` (non-blocking,
+250 Hz, raw stacks) on the spoke and on hubd, writes the collapsed stacks to DIR and prints
+the functions with the most samples of their own and the modules with the most samples
+under them: the table "where each CPU-second goes". py-spy adds a few percent of CPU to the
+process it samples: profile passes are for shares, plain passes for the figures.
+
+With ``--baseline-src DIR`` the same passes run with the spoke and hubd of another checkout
+(e.g. ``git worktree add /tmp/base REV``), interleaved, on the same data.
+
+    python benchmarks/bench_cold_cpu.py [--workloads shards,small] [--runs 3]
+        [--shards 8] [--shard-mib 128] [--files 6000] [--profile DIR] [--baseline-src DIR]
+
+Appends one JSON line to benchmarks/results/cold_cpu.jsonl. Needs root (FUSE, drop_caches).
+~1 min per pass of each workload on a 2-core VM (default sizes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import multiprocessing as mp
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import benchlib as bl  # noqa: E402
+
+RESULTS = HERE / "results" / "cold_cpu.jsonl"
+KIB, MIB = 1024, 1024 * 1024
+GB = 1e9
+SHARD_READERS, SMALL_READERS = 4, 8
+PY_SPY_RATE = 250
+
+
+# -- data ---------------------------------------------------------------------------------
+
+
+def ensure_shards(work: Path, count: int, mib: int) -> list[Path]:
+    root = work / f"cold-shards-{count}x{mib}"
+    marker = root / ".done"
+    files = [root / f"shard-{i:04d}.tar" for i in range(count)]
+    if not marker.exists():
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir(parents=True)
+        for f in files:
+            with f.open("wb") as out:
+                for _ in range(mib):
+                    out.write(os.urandom(MIB))
+        marker.touch()
+    return files
+
+
+def ensure_small(work: Path, count: int, seed: int) -> list[Path]:
+    root = work / f"cold-small-{count}"
+    marker = root / ".done"
+    rng = random.Random(seed)
+    files = [root / f"c{i % 100:03d}" / f"i{i:06d}.jpg" for i in range(count)]
+    sizes = [min(MIB, max(4 * KIB, int(rng.lognormvariate(0, 0.6) * 110 * KIB)))
+             for _ in files]
+    if not marker.exists():
+        shutil.rmtree(root, ignore_errors=True)
+        for f, size in zip(files, sizes, strict=True):
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_bytes(os.urandom(size))
+        marker.touch()
+    return files
+
+
+# -- readers ------------------------------------------------------------------------------
+
+
+def _read_all(paths: list[str], out: Any) -> None:
+    buf = bytearray(MIB)
+    total = 0
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while n := f.readinto(buf):
+                total += n
+    out.put(total)
+
+
+def read_with(readers: int, paths: list[str]) -> int:
+    """Bytes read by ``readers`` processes, reader i taking paths i, i + readers, ..."""
+    ctx = mp.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_read_all, args=(paths[i::readers], out)) for i in range(readers)]
+    for p in procs:
+        p.start()
+    total = sum(out.get() for _ in procs)
+    for p in procs:
+        p.join()
+        if p.exitcode != 0:
+            raise bl.BenchError(f"a reader exited {p.exitcode}")
+    return total
+
+
+# -- profiles -----------------------------------------------------------------------------
+
+_FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^():]+)(?::\d+)?\)$")
+
+
+def start_profile(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
+    spy = bl.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if spy is None:
+        raise bl.BenchError("--profile needs py-spy (pip install py-spy)")
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--rate", str(PY_SPY_RATE),
+                             "--format", "raw", "--output", str(out), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profile(spy: subprocess.Popen[bytes] | None) -> None:
+    if spy is not None:
+        spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
+        try:
+            spy.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            spy.kill()
+
+
+def _where(frame: str) -> tuple[str, str]:
+    """(function, module-ish path) of one py-spy frame."""
+    m = _FRAME.match(frame)
+    if m is None:
+        return frame, "?"
+    path = m.group("file")
+    for marker in ("site-packages/", "python3.11/", "/work/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+    return m.group("func"), path
+
+
+def summarize(raw: Path, top: int = 20) -> dict[str, Any]:
+    """Self samples by function and inclusive samples by module, as shares of all samples."""
+    own: collections.Counter[str] = collections.Counter()
+    under: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = [f for f in stack.split(";") if f and not f.startswith("process ")
+                  and not f.startswith("thread ")]
+        if not frames:
+            continue
+        total += n
+        func, path = _where(frames[-1])
+        own[f"{func} ({path})"] += n
+        for module in {_where(f)[1] for f in frames}:
+            under[module] += n
+    share = (lambda c: [(k, round(v / total, 3)) for k, v in c.most_common(top)]) if total else (
+        lambda c: [])
+    return {"samples": total, "self": share(own), "inclusive_by_file": share(under)}
+
+
+# -- passes -------------------------------------------------------------------------------
+
+
+def one_pass(args: argparse.Namespace, hub: bl.Hub, root: Path, paths: list[Path], readers: int,
+             work: Path, src: Path, tag: str, deadline: bl.Deadline) -> dict[str, Any]:
+    cache, mnt = work / f"cache-{tag}", work / f"mnt-{tag}"
+    shutil.rmtree(cache, ignore_errors=True)
+    with bl.spoke_mount(hub.url, mnt, cache, work / f"spokefs-{tag}.log", deadline,
+                        src=src) as m:
+        rels = [str(mnt / p.relative_to(root)) for p in paths]
+        if readers == SMALL_READERS:
+            random.Random(args.seed).shuffle(rels)
+        bl.drop_caches()
+        spies = []
+        if args.profile is not None:
+            args.profile.mkdir(parents=True, exist_ok=True)
+            spies = [start_profile(m.pid, args.profile / f"{tag}-spoke.txt"),
+                     start_profile(hub.proc.pid, args.profile / f"{tag}-hub.txt")]
+            time.sleep(1.0)  # py-spy attaches
+        meter = bl.CpuMeter({"spoke": m.pid, "hub": hub.proc.pid})
+        nbytes = read_with(readers, rels)
+        used = meter.stop()
+        for spy in spies:
+            stop_profile(spy)
+    out = {"bytes": nbytes, "wall_s": used["wall_s"], "gb_per_s": nbytes / GB / used["wall_s"],
+           "spoke_cpu_s_per_gb": used["cpu_s"]["spoke"] / (nbytes / GB),
+           "hub_cpu_s_per_gb": used["cpu_s"]["hub"] / (nbytes / GB),
+           "machine_busy_pct": used["machine_busy_pct"]}
+    if args.profile is not None:
+        out["profile"] = {side: summarize(args.profile / f"{tag}-{side}.txt")
+                          for side in ("spoke", "hub")}
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    p.add_argument("--workloads", default="shards,small")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--shards", type=int, default=8)
+    p.add_argument("--shard-mib", type=int, default=128)
+    p.add_argument("--files", type=int, default=6000)
+    p.add_argument("--seed", type=int, default=20261203)
+    p.add_argument("--profile", type=Path, help="py-spy stacks and summaries to this dir")
+    p.add_argument("--baseline-src", type=Path, help="another checkout, side by side")
+    p.add_argument("--work-dir", type=Path, default=Path("/tmp/spokefs-coldcpu"))
+    p.add_argument("--max-seconds", type=float, default=3600.0)
+    p.add_argument("--results", type=Path, default=RESULTS)
+    args = p.parse_args()
+    info = bl.run_info("bench_cold_cpu.py")
+    deadline = bl.Deadline(args.max_seconds)
+    work = args.work_dir
+    work.mkdir(parents=True, exist_ok=True)
+    systems = [("", bl.REPO)] + ([("baseline", args.baseline_src)] if args.baseline_src else [])
+    record: dict[str, Any] = {**info, "passes": []}
+    figures: dict[tuple[str, str], dict[str, bl.Figure]] = {}
+    for workload in [w for w in args.workloads.split(",") if w]:
+        if workload == "shards":
+            paths, readers = ensure_shards(work, args.shards, args.shard_mib), SHARD_READERS
+        elif workload == "small":
+            paths, readers = ensure_small(work, args.files, args.seed), SMALL_READERS
+        else:
+            raise SystemExit(f"unknown workload {workload!r} (shards, small)")
+        root = paths[0].parent if readers == SHARD_READERS else paths[0].parents[1]
+        for run in range(args.runs):
+            for name, src in systems:
+                label = name or "this"
+                with bl.run_hub(root, work / f"hubd-{label}.log", deadline, src=src) as hub:
+                    tag = f"{workload}-{label}-{run}"
+                    got = one_pass(args, hub, root, paths, readers, work, src, tag,
+                                   deadline)
+                got |= {"workload": workload, "system": label, "run": run}
+                record["passes"].append(got)
+                figs = figures.setdefault((workload, label), {
+                    k: bl.Figure() for k in ("spoke_cpu_s_per_gb", "hub_cpu_s_per_gb",
+                                             "gb_per_s")})
+                for k, fig in figs.items():
+                    fig.add(got[k])
+                print(f"{tag}: {got['bytes'] / GB:.2f} GB in {got['wall_s']:.1f} s, spoke "
+                      f"{got['spoke_cpu_s_per_gb']:.2f} CPU-s/GB, hub "
+                      f"{got['hub_cpu_s_per_gb']:.2f}", flush=True)
+                if "profile" in got:
+                    for side in ("spoke", "hub"):
+                        prof = got["profile"][side]
+                        print(f"  {side}: {prof['samples']} samples; most of their own:")
+                        for fn, share in prof["self"][:12]:
+                            print(f"    {share:6.1%}  {fn}")
+                        print(f"  {side}: most under them (by file):")
+                        for fn, share in prof["inclusive_by_file"][:12]:
+                            print(f"    {share:6.1%}  {fn}")
+    rows = [[w, s, f["spoke_cpu_s_per_gb"].text("{:.2f}"), f["hub_cpu_s_per_gb"].text("{:.2f}"),
+             f["gb_per_s"].text("{:.2f}")] for (w, s), f in figures.items()]
+    print(bl.markdown_table(["workload", "system", "spoke CPU-s/GB", "hub CPU-s/GB", "GB/s"],
+                            rows))
+    record["figures"] = {f"{w}/{s}": {k: v.summary() for k, v in f.items()}
+                         for (w, s), f in figures.items()}
+    bl.append_jsonl(args.results, record)
+    print(f"appended to {args.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
