@@ -390,7 +390,7 @@ class ChunkStore:
                 for o in range(0, len(piece), BLOCK_SIZE)
             ]
             bitmap = ((1 << len(sums)) - 1) << slot
-            self._write_chunk(txn, st, key, head, bitmap, sums, bytes(piece))
+            self._write_chunk(txn, st, key, head, bitmap, sums, piece)
             return
         # a merge keeps origin, segment and order
         blocks = split_blocks(head, value)
@@ -430,13 +430,14 @@ class ChunkStore:
 
     def _write_chunk(
         self, txn: lmdb.Transaction, st: CacheState, key: bytes, head: ChunkHead, bitmap: int,
-        sums: list[int], body: bytes,
+        sums: list[int], body: bytes | memoryview,
     ) -> None:
-        """Write a chunk's data and header and count its bytes (its order record exists)."""
+        """Write a chunk's data and header and count its bytes (its order record exists).
+        The data goes from ``body`` into the map in one copy (LMDB's)."""
         cut = len(body) - tail_len(len(body), self._page)
         head.bitmap = bitmap
         head.sums = sums
-        head.tail = body[cut:]
+        head.tail = bytes(body[cut:])
         head.chunk_sum = xxhash.xxh3_64_intdigest(body)
         txn.put(key, body[:cut], db=self._data)
         txn.put(key, head.encode(), db=self._head)
