@@ -58,7 +58,7 @@ class PrefetchConfig:
 
 @dataclass(frozen=True, slots=True)
 class SpokeConfig:
-    """Effective configuration of one mount; built only by ``cli.py``.
+    """Effective configuration of one mount; built only by ``cli.main``.
 
     Attributes:
         hub_url: base URL of hubd, ``http(s)://host:port``: the preferred hub.

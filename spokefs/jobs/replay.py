@@ -55,7 +55,7 @@ _INITIAL_INFLIGHT_BYTES = 64 << 20  # as directory fills: 1 Gbit/s x 0.5 s, unti
 
 
 class PackFinder(Protocol):
-    """Where a small file's pack is (``mount._DirLister``: each directory's packs, listed
+    """Where a small file's pack is (``fuse.mount``'s lister: each directory's packs, listed
     once and kept)."""
 
     async def pack_of(self, dir_id: int, fv: FileVersion) -> protocol.PackPlan | None: ...

@@ -68,7 +68,7 @@ MemberKey = tuple[int, int]  # (file id, version) of a pack member
 
 
 class PackFinder(Protocol):
-    """Where a small file's pack is (``mount.DirLister``)."""
+    """Where a small file's pack is (``fuse.mount``'s lister, a ``dir_fill.DirLister``)."""
 
     async def pack_of(self, dir_id: int, fv: FileVersion) -> protocol.PackPlan | None: ...
 

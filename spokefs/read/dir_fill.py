@@ -94,7 +94,7 @@ _CACHED_STREAK = 4  # sibling directories found cached whole before siblings are
 
 class DirLister(Protocol):
     """What fills (and the prefetcher's runs of shards) ask the namespace
-    (``mount._DirLister``: in a worker thread)."""
+    (``fuse.mount``'s lister: in a worker thread)."""
 
     async def packs(self, dir_id: int) -> list[protocol.PackPlan]: ...
 

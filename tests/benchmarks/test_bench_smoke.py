@@ -154,3 +154,11 @@ def test_bench_replicas_smoke(tmp_path: Path) -> None:
     assert run["epoch_link_bytes_a"] + run["epoch_link_bytes_b"] >= run["epoch_file_bytes"], run
     assert run["back_s"] is not None, run  # back on the restarted preferred hub
     assert {g["verdict"] for g in record["grades"]} == {"PASS"}, record["grades"]
+
+
+def test_bench_cold_cpu_smoke(tmp_path: Path) -> None:
+    record = run_script("bench_cold_cpu.py", tmp_path, "--smoke", "--work-dir", str(tmp_path))
+    check_grades(record)
+    assert {p["workload"] for p in record["passes"]} == {"shards", "small"}
+    for p in record["passes"]:
+        assert p["spoke_cpu_s_per_gb"] > 0 and p["hub_cpu_s_per_gb"] > 0, p
