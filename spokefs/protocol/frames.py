@@ -19,7 +19,7 @@ import xxhash
 from spokefs.protocol.base import U64_MAX, WireError
 
 try:  # C, optional: see the module docstring
-    from spokefs.protocol import frames_c
+    import spokefs.protocol.frames_c as frames_c  # not "from spokefs.protocol": no cycle
 
     NATIVE = True
 except ImportError:  # pragma: no cover - the package was installed without its C part
