@@ -134,7 +134,7 @@ def read_with(readers: int, paths: list[str]) -> int:
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^():]+)(?::\d+)?\)$")
 
 
-def start_profile(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
+def start_profile(pid: int, out: Path) -> subprocess.Popen[bytes]:
     spy = bl.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if spy is None:
         raise bl.BenchError("--profile needs py-spy (pip install py-spy)")
@@ -143,13 +143,12 @@ def start_profile(pid: int, out: Path) -> subprocess.Popen[bytes] | None:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def stop_profile(spy: subprocess.Popen[bytes] | None) -> None:
-    if spy is not None:
-        spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
-        try:
-            spy.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            spy.kill()
+def stop_profile(spy: subprocess.Popen[bytes]) -> None:
+    spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
+    try:
+        spy.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        spy.kill()
 
 
 def _where(frame: str) -> tuple[str, str]:
@@ -183,8 +182,9 @@ def summarize(raw: Path, top: int = 20) -> dict[str, Any]:
         own[f"{func} ({path})"] += n
         for module in {_where(f)[1] for f in frames}:
             under[module] += n
-    share = (lambda c: [(k, round(v / total, 3)) for k, v in c.most_common(top)]) if total else (
-        lambda c: [])
+    def share(counts: collections.Counter[str]) -> list[tuple[str, float]]:
+        return [(k, round(v / total, 3)) for k, v in counts.most_common(top)]
+
     return {"samples": total, "self": share(own), "inclusive_by_file": share(under)}
 
 
