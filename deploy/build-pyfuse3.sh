@@ -17,6 +17,15 @@
 #    opened without asking (FUSE "no_opendir": opendir answered ENOSYS) get the inode as their
 #    handle, so a directory costs lookup + readdirs instead of lookup + opendir + readdirs +
 #    releasedir. Marker: pyfuse3.SPOKEFS_PLAIN_READDIR.
+# 3. One mount, several processes. `spokefs mount --workers N` serves the mount from worker
+#    processes beside the mounting one (spokefs/fuse/workers.py). Each worker reads requests
+#    from its own clone of the session's /dev/fuse descriptor (FUSE_DEV_IOC_CLONE), and its
+#    libfuse session must have seen the mount's INIT (libfuse answers EIO to everything
+#    before it). So the mounting process receives and answers INIT synchronously and keeps
+#    its bytes (`spokefs_receive_init`), hands out its descriptor (`spokefs_session_fd`), and
+#    a worker replays those bytes on a session of its own whose reply goes nowhere
+#    (`spokefs_process_request`) before it moves its clone under that session. Marker:
+#    pyfuse3.SPOKEFS_WORKERS.
 #
 # Needs gcc, pkg-config and libfuse3-dev (deploy/setup.sh installs them).
 # Usage: bash deploy/build-pyfuse3.sh PYTHON [--wheel-dir DIR]
@@ -74,6 +83,50 @@ replace_once(handlers, "    token.req = c.req\n\n    try:\n        await operati
 internal = src / "internal.pxi"
 replace_once(internal, "    fuse_ops.readdirplus = fuse_readdirplus\n",
              "    fuse_ops.readdirplus = fuse_readdirplus\n    fuse_ops.readdir = fuse_readdir\n")
+# 3. several processes: INIT received and answered synchronously (its bytes kept), the
+#    session's descriptor, and a request processed from memory (a worker's replayed INIT)
+WORKERS = '''
+# spokefs: one mount served by several processes (spokefs/fuse/workers.py)
+import select as _spokefs_select
+
+def spokefs_session_fd():
+    """The session's /dev/fuse descriptor (a worker process clones it)."""
+    return session_fd
+
+def spokefs_receive_init():
+    """Receive the kernel's INIT request, answer it, and return its bytes (blocks)."""
+    cdef fuse_buf buf
+    cdef int res
+    buf.mem = NULL
+    buf.size = 0
+    buf.pos = 0
+    buf.flags = 0
+    while True:
+        _spokefs_select.select([session_fd], [], [])
+        res = fuse_session_receive_buf(session, &buf)
+        if res != -errno.EINTR and res != -errno.EAGAIN:
+            break
+    if res <= 0:
+        stdlib.free(buf.mem)
+        raise OSError(-res if res < 0 else errno.ENODEV, "no INIT request from the kernel")
+    data = PyBytes_FromStringAndSize(<char*> buf.mem, res)
+    save_retval(None)
+    fuse_session_process_buf(session, &buf)
+    stdlib.free(buf.mem)
+    return data
+
+def spokefs_process_request(bytes data):
+    """Process one request held in memory (a worker replays the mount's INIT)."""
+    cdef fuse_buf buf
+    buf.mem = <void*> <char*> data
+    buf.size = len(data)
+    buf.pos = 0
+    buf.flags = 0
+    save_retval(None)
+    fuse_session_process_buf(session, &buf)
+
+SPOKEFS_WORKERS = True
+'''
 init = src / "__init__.pyx"
 replace_once(init, "    len_ = fuse_add_direntry_plus(token.req, token.buf, token.size,\n"
                    "                                  cname, &attr.fuse_param, next_id)\n",
@@ -86,13 +139,13 @@ replace_once(init, "    len_ = fuse_add_direntry_plus(token.req, token.buf, toke
 init.write_text(init.read_text()
                 + "\n# spokefs: read() gets the inode when the kernel opened without us\nSPOKEFS_READ_INODE = True\n"
                 + "# spokefs: Operations.readdirplus = False answers listings with plain FUSE_READDIR\n"
-                + "SPOKEFS_PLAIN_READDIR = True\n")
+                + "SPOKEFS_PLAIN_READDIR = True\n" + WORKERS)
 PATCH
-export SETUPTOOLS_SCM_PRETEND_VERSION_FOR_PYFUSE3="$version+spokefs.2"
+export SETUPTOOLS_SCM_PRETEND_VERSION_FOR_PYFUSE3="$version+spokefs.3"
 if [ -n "$wheel_dir" ]; then
   "$py" -m pip wheel -q --no-deps --wheel-dir "$wheel_dir" "$work/pyfuse3-$version"
-  echo "build-pyfuse3: wheel of pyfuse3 $version+spokefs.2 in $wheel_dir"
+  echo "build-pyfuse3: wheel of pyfuse3 $version+spokefs.3 in $wheel_dir"
   exit 0
 fi
 "$py" -m pip install -q --no-deps --force-reinstall "$work/pyfuse3-$version"
-"$py" -c 'import pyfuse3; assert pyfuse3.SPOKEFS_READ_INODE and pyfuse3.SPOKEFS_PLAIN_READDIR; print("build-pyfuse3: installed pyfuse3", pyfuse3.__version__)'
+"$py" -c 'import pyfuse3; assert pyfuse3.SPOKEFS_READ_INODE and pyfuse3.SPOKEFS_PLAIN_READDIR and pyfuse3.SPOKEFS_WORKERS; print("build-pyfuse3: installed pyfuse3", pyfuse3.__version__)'

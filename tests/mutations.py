@@ -48,13 +48,13 @@ class Mutation:
 
 MUTATIONS = [
     Mutation(
-        "store-chunk-sum", "spokefs/cache/store.py",
+        "store-chunk-sum", "spokefs/cache/chunk_reader.py",
         "        if h.intdigest() == head.chunk_sum:\n            return []",
         "        if h.intdigest() != head.chunk_sum:\n            return []",
         ("tests/spokefs/test_block_cache.py", "tests/integration/test_cache_faults.py"),
         "the cache's chunk checksum comparison flipped (_verify): a damaged chunk passes"),
     Mutation(
-        "store-block-sum", "spokefs/cache/store.py",
+        "store-block-sum", "spokefs/cache/chunk_reader.py",
         "        if xxhash.xxh3_64_intdigest(block) != head.sums[rank]:",
         "        if xxhash.xxh3_64_intdigest(block) == head.sums[rank]:",
         ("tests/spokefs/test_block_cache.py", "tests/integration/test_cache_faults.py"),

@@ -149,21 +149,20 @@ import lmdb
 import trio
 
 from spokefs import metrics
-from spokefs.cache.layout import KEY, PROTECTED, CacheState, ChunkHead
-from spokefs.cache.policy import AccessClock, Plan
-from spokefs.cache.store import (
+from spokefs.cache.chunk_reader import (
     ORIGIN_DEMAND,
     ORIGIN_PREFETCH,
     ORIGIN_REPLAY,
     ORIGIN_WARM,
     ORIGINS,
-    ChunkStore,
     NotResident,
     ReadResult,
     Staged,
-    chunk_pieces,
     nblocks,
 )
+from spokefs.cache.layout import KEY, PROTECTED, CacheState, ChunkHead
+from spokefs.cache.policy import AccessClock, Plan
+from spokefs.cache.store import ChunkStore, chunk_pieces
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
 from spokefs.lmdb_env import LOCK_BYTES
 from spokefs.log_limit import LogLimiter

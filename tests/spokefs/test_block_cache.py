@@ -512,7 +512,7 @@ async def test_corrupt_block_is_dropped_and_reported_missing(tmp_path):
 
 
 async def test_a_corrupt_block_fails_a_read_of_most_of_its_chunk(tmp_path):
-    """A read of most of a chunk is checked with the one chunk checksum (``store._verify``),
+    """A read of most of a chunk is checked with the one chunk checksum (``chunk_reader._verify``),
     then block by block: a damaged byte anywhere makes its block corrupt and the read a
     miss, never bytes served."""
     data = os.urandom(CHUNK_SIZE)
