@@ -24,8 +24,11 @@
 #    before it). So the mounting process receives and answers INIT synchronously and keeps
 #    its bytes (`spokefs_receive_init`), hands out its descriptor (`spokefs_session_fd`), and
 #    a worker replays those bytes on a session of its own whose reply goes nowhere
-#    (`spokefs_process_request`) before it moves its clone under that session. Marker:
-#    pyfuse3.SPOKEFS_WORKERS.
+#    (`spokefs_process_request`) before it moves its clone under that session. And with
+#    several processes reading one connection, a descriptor that poll() called readable may
+#    have been emptied by another process before this one reads: the descriptors are
+#    non-blocking then (a blocking read would stall the whole event loop), and the loop
+#    takes EAGAIN as "nothing after all", as it takes EINTR. Marker: pyfuse3.SPOKEFS_WORKERS.
 #
 # Needs gcc, pkg-config and libfuse3-dev (deploy/setup.sh installs them).
 # Usage: bash deploy/build-pyfuse3.sh PYTHON [--wheel-dir DIR]
@@ -81,6 +84,9 @@ replace_once(handlers, "    c.fh = fi.fh\n    save_retval(fuse_readdirplus_async
 replace_once(handlers, "    token.req = c.req\n\n    try:\n        await operations.readdir(",
              "    token.req = c.req\n    token.plain = c.flags\n\n    try:\n        await operations.readdir(")
 internal = src / "internal.pxi"
+replace_once(internal, "        if res == -errno.EINTR:\n            continue\n",
+             "        if res == -errno.EINTR or res == -errno.EAGAIN:  # spokefs: workers\n"
+             "            continue\n")
 replace_once(internal, "    fuse_ops.readdirplus = fuse_readdirplus\n",
              "    fuse_ops.readdirplus = fuse_readdirplus\n    fuse_ops.readdir = fuse_readdir\n")
 # 3. several processes: INIT received and answered synchronously (its bytes kept), the
@@ -125,7 +131,7 @@ def spokefs_process_request(bytes data):
     save_retval(None)
     fuse_session_process_buf(session, &buf)
 
-SPOKEFS_WORKERS = True
+SPOKEFS_WORKERS = 2  # the patch's version: EAGAIN taken as nothing read
 '''
 init = src / "__init__.pyx"
 replace_once(init, "    len_ = fuse_add_direntry_plus(token.req, token.buf, token.size,\n"
@@ -141,10 +147,10 @@ init.write_text(init.read_text()
                 + "# spokefs: Operations.readdirplus = False answers listings with plain FUSE_READDIR\n"
                 + "SPOKEFS_PLAIN_READDIR = True\n" + WORKERS)
 PATCH
-export SETUPTOOLS_SCM_PRETEND_VERSION_FOR_PYFUSE3="$version+spokefs.3"
+export SETUPTOOLS_SCM_PRETEND_VERSION_FOR_PYFUSE3="$version+spokefs.4"
 if [ -n "$wheel_dir" ]; then
   "$py" -m pip wheel -q --no-deps --wheel-dir "$wheel_dir" "$work/pyfuse3-$version"
-  echo "build-pyfuse3: wheel of pyfuse3 $version+spokefs.3 in $wheel_dir"
+  echo "build-pyfuse3: wheel of pyfuse3 $version+spokefs.4 in $wheel_dir"
   exit 0
 fi
 "$py" -m pip install -q --no-deps --force-reinstall "$work/pyfuse3-$version"

@@ -41,6 +41,6 @@ fi
 # pyfuse3 with reads that name the inode (the kernel opens files itself: two FUSE requests
 # fewer per file) and plain readdir (no kernel inode per listed entry); see
 # deploy/build-pyfuse3.sh
-.venv/bin/python -c 'import pyfuse3, sys; sys.exit(not getattr(pyfuse3, "SPOKEFS_WORKERS", 0))' \
+.venv/bin/python -c 'import pyfuse3, sys; sys.exit(getattr(pyfuse3, "SPOKEFS_WORKERS", 0) < 2)' \
   || bash deploy/build-pyfuse3.sh .venv/bin/python
 echo "setup: ready ($(.venv/bin/python --version), $(fusermount3 --version 2>&1 | head -1))"
