@@ -114,6 +114,10 @@ for _store in ("namespace", "trace"):
     STORE_ERRORS.labels(store=_store)
 
 FUSE_ERRORS = Counter("spokefs_fuse_errors_total", "Errors returned to FUSE", ["op", "errno"])
+WORKERS = Gauge("spokefs_workers", "Worker processes serving the mount beside its own (--workers)")
+WORKER_RESTARTS = Counter(
+    "spokefs_worker_restarts_total", "Worker processes that ended unasked and were started again"
+)
 INTERNAL_ERRORS = Counter(
     "spokefs_internal_errors_total", "Bugs caught at the FUSE boundary", ["op"]
 )

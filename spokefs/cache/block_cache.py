@@ -158,9 +158,10 @@ from spokefs.cache.chunk_reader import (
     NotResident,
     ReadResult,
     Staged,
+    Visit,
     nblocks,
 )
-from spokefs.cache.layout import KEY, PROTECTED, CacheState, ChunkHead
+from spokefs.cache.layout import KEY, CacheState
 from spokefs.cache.policy import AccessClock, Plan
 from spokefs.cache.store import ChunkStore, chunk_pieces
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
@@ -171,7 +172,7 @@ from spokefs.types import FileVersion
 __all__ = [
     "ORIGINS", "ORIGIN_DEMAND", "ORIGIN_PREFETCH", "ORIGIN_REPLAY", "ORIGIN_WARM", "BlockCache",
     "CacheStats",
-    "ReadResult",
+    "ReadResult", "Visit",
 ]
 
 log = logging.getLogger(__name__)
@@ -431,19 +432,24 @@ class BlockCache:
 
     # -- reads ------------------------------------------------------------------------
 
-    def _record_visits(
-        self, seen: list[tuple[bytes, ChunkHead | None]], first: int, last: int
-    ) -> None:
-        """Count a read of blocks ``first..last`` as a visit of each chunk it touched."""
-        for key, head in seen:
+    def check_readers(self) -> int:
+        """Free the reader slots of processes that died (``ChunkStore.check_readers``)."""
+        freed: int = self._inline(0, "check_readers")
+        return freed
+
+    def visited(self, visits: list[Visit], first: int, last: int) -> None:
+        """Count a read of blocks ``first..last`` as a visit of each chunk it touched (a
+        serving worker's reads come here; ``read`` counts its own)."""
+        for key, protected, stored_tick in visits:
             ci = KEY.unpack(key)[2]
             lo = max(first - ci * CHUNK_BLOCKS, 0)
             hi = min(last - ci * CHUNK_BLOCKS, CHUNK_BLOCKS - 1)
-            if head is None:
+            if protected is None:
                 self._clock.visit_missing(key, lo, hi)
             else:
-                self._clock.visit_cached(key, lo, hi, head.segment == PROTECTED,
-                                         head.stored_tick)
+                self._clock.visit_cached(key, lo, hi, protected, stored_tick)
+        if len(self._clock.promote) >= _PROMOTE_BATCH:
+            self._wake_writer()  # the writer stores them: no write transaction in a read
 
     def read(self, file_id: int, version: int, offset: int, end: int, *,
              record: bool = True) -> ReadResult:
@@ -477,9 +483,7 @@ class BlockCache:
         if res is None:
             return _all_missing(offset, end)
         if record:
-            self._record_visits(res.seen, offset // BLOCK_SIZE, (end - 1) // BLOCK_SIZE)
-            if len(self._clock.promote) >= _PROMOTE_BATCH:
-                self._wake_writer()  # the writer stores them: no write transaction in a read
+            self.visited(res.visits(), offset // BLOCK_SIZE, (end - 1) // BLOCK_SIZE)
         if res.corrupt:
             self._condemn(file_id, version, res.corrupt)
             self._drops.append((file_id, version, res.corrupt))

@@ -17,7 +17,7 @@ from pathlib import Path
 import lmdb
 import xxhash
 
-from spokefs.cache.layout import KEY, BadHead, ChunkHead, split_blocks
+from spokefs.cache.layout import KEY, PROTECTED, BadHead, ChunkHead, split_blocks
 from spokefs.cache.residency import resident
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
 
@@ -36,20 +36,21 @@ class ChunkReader:
     _head: lmdb._Database
 
     @classmethod
-    def open_readonly(cls, path: Path) -> ChunkReader:
+    def open_readonly(cls, path: Path, map_bytes: int) -> ChunkReader:
         """The environment in ``path`` (``<cache-dir>/blocks``), opened to read only, as a
-        serving worker does beside the mount that writes it.
+        serving worker does beside the mount that writes it. ``map_bytes``: at least the
+        writer's map (``BlockCache.bound_bytes``): a reader's smaller map fails every read
+        transaction once the file outgrows it (MDB_MAP_RESIZED).
 
         Raises:
             lmdb.Error: it cannot be opened (no cache there yet, or a broken one).
         """
         self = cls.__new__(cls)
-        self._env = lmdb.open(str(path), readonly=True, lock=True, max_dbs=8, create=False,
-                              readahead=False)
-        try:
-            with self._env.begin() as txn:
-                self._data = self._env.open_db(b"data", txn=txn, create=False)
-                self._head = self._env.open_db(b"head", txn=txn, create=False)
+        self._env = lmdb.open(str(path), map_size=map_bytes, readonly=True, lock=True,
+                              max_dbs=8, create=False, readahead=False)
+        try:  # (handles opened inside a read transaction of our own fail later: EINVAL)
+            self._data = self._env.open_db(b"data", create=False)
+            self._head = self._env.open_db(b"head", create=False)
         except BaseException:
             self._env.close()
             raise
@@ -183,6 +184,16 @@ class ReadResult:
     corrupt: list[int] = field(default_factory=list)
     seen: list[tuple[bytes, ChunkHead | None]] = field(default_factory=list)
     by_origin: list[int] = field(default_factory=lambda: [0] * len(ORIGINS))
+
+    def visits(self) -> list[Visit]:
+        """``seen`` as the access clock takes it (and a worker sends it, ``fuse.workers``)."""
+        return [(key, None, 0) if head is None else
+                (key, head.segment == PROTECTED, head.stored_tick) for key, head in self.seen]
+
+
+# A chunk a read looked at: its key, whether it is protected (None: not stored), and the
+# tick it was stored at.
+Visit = tuple[bytes, bool | None, int]
 
 
 

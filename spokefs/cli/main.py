@@ -180,6 +180,10 @@ def _parser() -> argparse.ArgumentParser:
                         "version from then on; handle: one version per open file (ESTALE "
                         "when it is gone); auto (default): kernel where this pyfuse3 supports "
                         "it (deploy/build-pyfuse3.sh), else handle")
+    m.add_argument("--workers", default="auto", metavar="N",
+                   help="processes that serve the mount's requests: the mount's own and N-1 "
+                        "workers reading the cache beside it (needs --open-mode kernel); "
+                        "auto (default): one per 4 cores, at most 8")
     m.add_argument("--replay", type=Path, metavar="TRACE",
                    help="replay a trace (spokefs trace save) from the mount on, in the "
                         "background: the next run's first epoch reads warm data")
@@ -238,6 +242,7 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
         raise UserError("--max-pinned-share must be between 0 and 0.9")
     if args.replay is not None:
         trace_file.read(args.replay)  # a bad trace fails before anything is mounted
+    open_mode = _open_mode(args.open_mode)
     return SpokeConfig(
         hub_url=hub_urls[0], hub_fallback_urls=tuple(hub_urls[1:]),
         hub_failover_after_s=args.hub_failover_after, mountpoint=args.mountpoint.absolute(),
@@ -247,12 +252,38 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
         mount_deadline_s=args.mount_deadline, daemon=args.daemon, log_level=args.log_level,
         refresh_interval_s=args.refresh_interval,
         prefetch=PrefetchConfig(enabled=not args.no_prefetch),
-        open_mode=_open_mode(args.open_mode),
+        open_mode=open_mode,
+        workers=_workers(args.workers, open_mode),
         tier_url=_hub_url(args.tier, "tier") if args.tier else None,
         trace=not args.no_trace,
         replay_path=args.replay.absolute() if args.replay is not None else None,
         max_pinned_share=args.max_pinned_share,
     )
+
+
+_MAX_WORKERS = 64
+
+
+def _workers(asked: str, open_mode: str) -> int:
+    """The serving processes for ``--workers`` (see ``fuse.workers``)."""
+    from spokefs.fuse import session  # the FUSE layer (pyfuse3): only mounting needs it
+
+    if asked == "auto":
+        if open_mode != "kernel" or not session.supported():
+            return 1
+        return max(1, min(8, (os.cpu_count() or 1) // 4))
+    try:
+        n = int(asked)
+    except ValueError:
+        raise UserError(f"--workers {asked!r}: give a number of processes, or auto") from None
+    if not 1 <= n <= _MAX_WORKERS:
+        raise UserError(f"--workers {n}: give 1 to {_MAX_WORKERS}")
+    if n > 1 and open_mode != "kernel":
+        raise UserError(f"--workers {n} needs --open-mode kernel (a handle opened in one "
+                        "process would be read in another)")
+    if n > 1 and not session.supported():
+        raise UserError(f"--workers {n} needs the pyfuse3 that deploy/build-pyfuse3.sh builds")
+    return n
 
 
 def _open_mode(asked: str) -> str:

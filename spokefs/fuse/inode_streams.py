@@ -27,8 +27,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from spokefs.namespace.replica import Namespace
-from spokefs.read.reader import Reader
-from spokefs.read.stream import Stream
+from spokefs.read.stream import Stream, StreamReader
 from spokefs.types import FileVersion
 
 _TRACKED = 4096
@@ -37,7 +36,7 @@ _TRACKED = 4096
 class InodeStreams:
     """The read stream of each recently read inode."""
 
-    def __init__(self, namespace: Namespace, reader: Reader) -> None:
+    def __init__(self, namespace: Namespace, reader: StreamReader) -> None:
         self._ns = namespace
         self._reader = reader
         self._streams: OrderedDict[int, tuple[int, Stream]] = OrderedDict()

@@ -35,9 +35,11 @@ from spokefs import cachedir, protocol
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import SpokeConfig
 from spokefs.errors import StoreFailed, UserError
+from spokefs.fuse import session
 from spokefs.fuse.control import Control
 from spokefs.fuse.kernel import KernelCache
 from spokefs.fuse.ops import SpokeOps
+from spokefs.fuse.workers import Workers
 from spokefs.hub.client import HubClient
 from spokefs.hub.link_model import LinkReach
 from spokefs.hub.origins import HubOrigins
@@ -194,19 +196,24 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
         replayer, jobs = _job_control(cfg, ns, cache, source, lister, reader, prefetcher,
                                       trace)
         ops = SpokeOps(ns, reader, Control(ns, reader, refresher, jobs), cfg)
+        options = _fuse_options(cfg)
         try:
-            pyfuse3.init(ops, str(cfg.mountpoint), _fuse_options(cfg))
+            pyfuse3.init(ops, str(cfg.mountpoint), options)
         except RuntimeError as exc:
             raise UserError(f"cannot mount on {cfg.mountpoint}: {exc}") from None
-        log.info("mounted %s at %s (open mode %s%s)", cfg.hub_source, cfg.mountpoint,
-                 cfg.open_mode, f", data through the tier {cfg.tier_url}" if cfg.tier_url else "")
+        workers = None
+        if cfg.workers > 1:  # they join the session after INIT (``session``)
+            workers = Workers(cfg, ops, reader, ns, source, session.receive_init(), options)
+        log.info("mounted %s at %s (open mode %s, %d serving process%s%s)", cfg.hub_source,
+                 cfg.mountpoint, cfg.open_mode, cfg.workers, "es" if cfg.workers > 1 else "",
+                 f", data through the tier {cfg.tier_url}" if cfg.tier_url else "")
         set_kernel_readahead(cfg.mountpoint, cfg.kernel_readahead_kib)
         clean = False
         try:
             on_ready(info)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_terminate_on_signal)
-                refresher.mounted(KernelCache())
+                refresher.mounted(KernelCache(workers.namespace_changed if workers else None))
                 # each restarted if it fails (``supervise``): a bug there must not unmount
                 await nursery.start(supervised, "writer", cache.run)
                 await nursery.start(supervised, "source", source.run)
@@ -224,7 +231,11 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
                     await nursery.start(supervised, "keep-warm", hub.keep_warm,
                                         prefetcher.warm_connections,
                                         cfg.prefetch.warm_interval_s)
+                if workers is not None:
+                    await nursery.start(workers.run)
                 await pyfuse3.main(min_tasks=2, max_tasks=cfg.fuse_max_tasks)
+                if workers is not None:
+                    await workers.stop()  # before the unmount: they exit, not detach
                 with trio.move_on_after(_FLUSH_AT_EXIT_S):
                     await cache.flush()  # keep what was fetched but not yet stored
                 nursery.cancel_scope.cancel()

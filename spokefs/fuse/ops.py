@@ -15,18 +15,18 @@ import itertools
 import logging
 import os
 import stat
+from typing import Protocol
 
 import pyfuse3
 
 from spokefs.config import BLOCK_SIZE, SpokeConfig
 from spokefs.errors import NotADir, ReadOnly
-from spokefs.fuse.control import PREFIX, Control
+from spokefs.fuse.control import PREFIX
 from spokefs.fuse.errors import fuse_errors
 from spokefs.fuse.inode_streams import InodeStreams
 from spokefs.fuse.page_cache import PageCachePolicy
 from spokefs.namespace.replica import Attr, Namespace
-from spokefs.read.reader import Reader
-from spokefs.read.stream import Stream
+from spokefs.read.stream import Stream, StreamReader
 from spokefs.types import FileVersion
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,13 @@ _NAME_MAX = 255
 # The patched pyfuse3 (deploy/build-pyfuse3.sh) answers listings with plain READDIR when
 # asked and names the inode in listings of a directory the kernel opened without us.
 _LISTINGS_NAME_INODE = bool(getattr(pyfuse3, "SPOKEFS_PLAIN_READDIR", False))
+
+
+class ControlAttributes(Protocol):
+    """The ``user.spokefs.*`` attributes (``control.Control``; a serving worker forwards
+    them to the mount's own process)."""
+
+    async def getxattr(self, attr: Attr, name: bytes, uid: int = 0) -> bytes: ...
 
 
 class SpokeOps(pyfuse3.Operations):
@@ -66,7 +73,8 @@ class SpokeOps(pyfuse3.Operations):
     readdirplus = False
 
     def __init__(
-        self, namespace: Namespace, reader: Reader, control: Control | None, cfg: SpokeConfig
+        self, namespace: Namespace, reader: StreamReader, control: ControlAttributes | None,
+        cfg: SpokeConfig,
     ) -> None:
         super().__init__()
         self._ns = namespace
@@ -221,6 +229,17 @@ class SpokeOps(pyfuse3.Operations):
         return pyfuse3.FileInfo(
             fh=pyfuse3.FileHandleT(fh), keep_cache=mode.keep_cache, direct_io=mode.direct_io
         )
+
+    def stream(self, ino: int) -> Stream:
+        """The read stream of ``ino`` (kernel opens only): a serving worker's reads of it
+        are accounted on it (``workers``).
+
+        Raises:
+            NotFound: the inode is gone.
+        """
+        if self._by_inode is None:
+            raise RuntimeError("streams by inode need --open-mode kernel")
+        return self._by_inode.stream(ino)
 
     @fuse_errors
     async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:

@@ -202,10 +202,17 @@ def _duplicate_name(txn: lmdb.Transaction[bytes], dent: lmdb._Database,
 class Namespace:
     """Read access to the replicated namespace, and the snapshot loader."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, beside: bool = False) -> None:
+        """Open (or create) the namespace in ``path``.
+
+        Args:
+            beside: opened by a process beside the mount that owns it (a serving worker,
+                which only reads): the seal is the owner's to check, at its open.
+        """
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
-        namespace_seal.check(path)  # a file changed since its clean close goes aside
+        if not beside:
+            namespace_seal.check(path)  # a file changed since its clean close goes aside
         self._env = open_env(path, map_size=_MAP_SIZE, max_dbs=4, readahead=False, lock=True)
         self._attr = self._env.open_db(b"attr")
         self._dent = self._env.open_db(b"dent")
@@ -220,6 +227,11 @@ class Namespace:
         self._env.close()
         if seal:
             namespace_seal.seal(self.path)
+
+    def check_readers(self) -> int:
+        """Free the reader slots of processes that died (a worker killed with -9)."""
+        freed: int = self._env.reader_check()
+        return freed
 
     # -- loading ---------------------------------------------------------------------
 

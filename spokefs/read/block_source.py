@@ -53,6 +53,7 @@ from spokefs.cache.block_cache import (
     BlockCache,
     CacheStats,
     ReadResult,
+    Visit,
 )
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
 from spokefs.errors import SpokeError, StaleExport, single_spoke_error
@@ -139,6 +140,14 @@ class BlockSource:
             # staged could make one return at once: never spin without letting the deadline,
             # the writer and every other request run.
             await trio.lowlevel.checkpoint()
+
+    def visited(self, visits: list[Visit], first: int, last: int) -> None:
+        """A read that a serving worker answered looked at these chunks (for eviction)."""
+        self._cache.visited(visits, first, last)
+
+    def check_readers(self) -> int:
+        """Free the cache's reader slots of processes that died."""
+        return self._cache.check_readers()
 
     def note_used(self, fv: FileVersion, first: int, last: int) -> None:
         """A read used blocks ``first..last``: count the prefetched chunks among them."""

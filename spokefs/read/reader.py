@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from spokefs import metrics
-from spokefs.cache.block_cache import ORIGINS, CacheStats
+from spokefs.cache.block_cache import ORIGINS, CacheStats, Visit
 from spokefs.config import BLOCK_SIZE
 from spokefs.errors import HubUnavailable
 from spokefs.read.block_source import BlockSource
@@ -100,13 +100,7 @@ class Reader:
         end = min(offset + size, fv.size)
         if offset >= end:
             return b""
-        if self._prefetcher is not None:
-            self._prefetcher.on_read(stream, offset, size)
-        if self._trace is not None:  # once per small file, once per extent of a large one
-            extent = WHOLE if fv.size <= EXTENT_BYTES else offset // EXTENT_BYTES
-            if extent != stream.traced_extent:
-                stream.traced_extent = extent
-                self._trace.note(fv, offset, end)
+        self._noticed(stream, offset, size, end)
         started = time.monotonic()
         found = await self._source.look(fv, offset, end)
         data = found.data
@@ -119,6 +113,31 @@ class Reader:
         _account(len(data), found.by_origin, last - first + 1, len(found.missing),
                  time.monotonic() - started)
         return data
+
+    def served(self, stream: Stream, offset: int, size: int, by_origin: list[int],
+               visits: list[Visit], seconds: float) -> None:
+        """A read of ``stream`` that a serving worker answered from the cache (``fuse.workers``):
+        all that ``read`` does besides serving (prefetcher, trace, eviction, metrics)."""
+        fv = stream.fv
+        end = min(offset + size, fv.size)
+        if offset >= end:
+            return
+        self._noticed(stream, offset, size, end)
+        first, last = offset // BLOCK_SIZE, (end - 1) // BLOCK_SIZE
+        self._source.visited(visits, first, last)
+        self._source.note_used(fv, first, last)
+        _account(end - offset, by_origin, last - first + 1, 0, seconds)
+
+    def _noticed(self, stream: Stream, offset: int, size: int, end: int) -> None:
+        """Tell the prefetcher where the reader is, and note the read in the trace."""
+        if self._prefetcher is not None:
+            self._prefetcher.on_read(stream, offset, size)
+        if self._trace is not None:  # once per small file, once per extent of a large one
+            fv = stream.fv
+            extent = WHOLE if fv.size <= EXTENT_BYTES else offset // EXTENT_BYTES
+            if extent != stream.traced_extent:
+                stream.traced_extent = extent
+                self._trace.note(fv, offset, end)
 
     async def _fill_within_deadline(
         self, stream: Stream, offset: int, end: int, missing: list[int]

@@ -6,6 +6,7 @@ imports the other for it (the reader drives the prefetcher; the prefetcher knows
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from spokefs.types import FileVersion
 
@@ -42,3 +43,20 @@ class Stream:
     successor: Stream | None = None
     seeking: bool = False
     traced_extent: int = -1
+
+
+class StreamReader(Protocol):
+    """What the FUSE handlers ask of a read path (``reader.Reader`` in the mount's own
+    process, ``fuse.worker_reader.WorkerReader`` in a serving worker)."""
+
+    def open(self, fv: FileVersion, parent_id: int) -> Stream:
+        """A stream for a newly opened file version."""
+
+    def close(self, stream: Stream) -> None:
+        """The stream is closed."""
+
+    def on_readdir(self, dir_id: int) -> None:
+        """A directory is being listed."""
+
+    async def read(self, stream: Stream, offset: int, size: int) -> bytes:
+        """Exactly ``size`` bytes from ``offset``, fewer only at end of file."""

@@ -1,0 +1,233 @@
+"""Several processes serving one mount: the coordinator's side.
+
+With ``--workers N`` the mount's own process (the coordinator) and N-1 worker processes all
+read the mount's FUSE requests; the kernel hands each request to whichever reads it first.
+Each worker (``worker``) answers lookups, attributes, listings and cached reads itself, from
+the namespace and block cache it opens read-only; the coordinator keeps everything that
+writes or fetches: the hub client, fills, the prefetcher, replays, the cache's writer and
+eviction, pins, the trace, the refresher and ``/metrics``. Over each worker's channel
+(``worker_channel``) the coordinator
+
+- serves the reads a worker could not (``READ``) and the control attributes (``XATTR``)
+  through its own handlers, so their answers and errors are the coordinator's;
+- takes the worker's cache hits (``HIT``) and listings (``LISTED``) as its own reads would
+  count them: the prefetcher, the trace, eviction's visits and the metrics see every read of
+  the mount, whichever process served it, and ``/metrics`` has the totals;
+- moves a shared generation counter before the refresher has the kernel forget what a
+  namespace change touched, so no worker serves an older version than the kernel sees.
+
+A worker that dies (kill -9, a crash) is started again; the requests it held end with an
+error (its clone of the descriptor closed) and the kernel retries a failed page read, so
+readers see at most an error, never a hang; the reader slots it held in the LMDB
+environments are freed. If the coordinator dies, every worker sees its channel close,
+detaches the mount and exits. When the mount ends, the coordinator says ``BYE`` to each
+worker before it unmounts.
+
+Part of the FUSE layer (docs/contributing.md): only these modules import pyfuse3.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import socket
+import sys
+from typing import Any
+
+import pyfuse3
+import trio
+
+from spokefs import metrics
+from spokefs.config import SpokeConfig
+from spokefs.errors import SpokeError
+from spokefs.fuse import session
+from spokefs.fuse.ops import SpokeOps
+from spokefs.fuse.worker_channel import (
+    BYE,
+    HELLO,
+    HIT,
+    KINDS,
+    LISTED,
+    READ,
+    REPLY,
+    XATTR,
+    Channel,
+    ChannelBroken,
+    ChannelClosed,
+    WorkerSetup,
+    encode,
+)
+from spokefs.namespace.replica import Namespace
+from spokefs.read.block_source import BlockSource
+from spokefs.read.reader import Reader
+from spokefs.shared_counter import SharedCounter
+
+log = logging.getLogger(__name__)
+
+_QUICK_DEATH_S = 5.0  # a worker that dies sooner is started again after a pause ...
+_RESTART_PAUSE_S = 1.0  # ... so a worker that cannot start does not spin
+_EXIT_WAIT_S = 5.0  # after BYE, how long a worker gets before it is killed
+
+
+class _Context:
+    """The part of a request context the control attributes read."""
+
+    def __init__(self, uid: int) -> None:
+        self.uid = uid
+
+
+class Workers:
+    """The mount's worker processes (see the module docstring)."""
+
+    def __init__(self, cfg: SpokeConfig, ops: SpokeOps, reader: Reader, ns: Namespace,
+                 source: BlockSource, init: bytes, options: set[str]) -> None:
+        self._count = cfg.workers - 1
+        self._ops = ops
+        self._reader = reader
+        self._ns = ns
+        self._source = source
+        # the worker needs neither the token nor TLS (and an SSLContext does not pickle)
+        self._cfg = dataclasses.replace(cfg, token=None, tls=None)
+        self._init = init
+        self._options = tuple(sorted(options))
+        self._mount_fd = session.session_fd()
+        self._generation = SharedCounter.create(ns.info.generation if ns.info else 0)
+        self._channels: dict[int, Channel] = {}
+        self._processes: dict[int, trio.Process] = {}
+        self._stopping = False
+        metrics.WORKERS.set(0)
+
+    def namespace_changed(self, generation: int) -> None:
+        """The namespace is at ``generation`` now: workers read its info again."""
+        self._generation.set(generation)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Start the workers, and start again each that dies, until ``stop``."""
+        try:
+            async with trio.open_nursery() as nursery:
+                for index in range(1, self._count + 1):
+                    nursery.start_soon(self._keep, index)
+                task_status.started()
+        finally:
+            self._generation.close()
+
+    async def stop(self) -> None:
+        """Say ``BYE`` to every worker and wait for them to exit (kill those that do not)."""
+        self._stopping = True
+        for channel in list(self._channels.values()):
+            with contextlib.suppress(ChannelClosed):  # gone already
+                await channel.send(BYE, ())
+        with trio.move_on_after(_EXIT_WAIT_S):
+            for process in list(self._processes.values()):
+                await process.wait()
+        for process in self._processes.values():
+            if process.returncode is None:
+                log.warning("worker pid %d did not exit after bye: killing it", process.pid)
+                process.kill()
+
+    async def _keep(self, index: int) -> None:
+        while not self._stopping:
+            started = trio.current_time()
+            code = await self._one(index)
+            if self._stopping:
+                return
+            if code == 0:  # its session ended: the mount is going away (fusermount3 -u)
+                log.info("worker %d ended with the mount", index)
+                return
+            metrics.WORKER_RESTARTS.inc()
+            log.warning("worker %d ended (exit status %s): starting another", index, code)
+            # a worker killed inside a read transaction leaves its reader slot behind
+            self._source.check_readers()
+            self._ns.check_readers()
+            if trio.current_time() - started < _QUICK_DEATH_S:
+                await trio.sleep(_RESTART_PAUSE_S)
+
+    async def _one(self, index: int) -> int | None:
+        """Run worker ``index`` until it exits; its exit status."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "spokefs.fuse.worker", str(theirs.fileno()),
+                 str(self._mount_fd), str(self._generation.fd)],
+                pass_fds=(theirs.fileno(), self._mount_fd, self._generation.fd))
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        channel = Channel(trio.SocketStream(trio.socket.from_stdlib_socket(ours)))
+        self._processes[index] = process
+        self._channels[index] = channel
+        metrics.WORKERS.set(len(self._channels))
+        try:
+            setup = WorkerSetup(self._cfg, index, self._init, self._options)
+            await channel.send_raw(encode(HELLO, setup.encode()))
+            async with trio.open_nursery() as nursery:
+                await self._serve(index, process, channel, nursery)
+        except ChannelClosed:
+            pass  # it died before HELLO
+        finally:
+            del self._channels[index]
+            metrics.WORKERS.set(len(self._channels))
+            with trio.CancelScope(shield=True):
+                with trio.move_on_after(_EXIT_WAIT_S):
+                    await process.wait()
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+                del self._processes[index]
+                await channel.aclose()
+        return process.returncode
+
+    async def _serve(self, index: int, process: trio.Process, channel: Channel,
+                     nursery: trio.Nursery) -> None:
+        """Answer one worker's requests and take its events until its channel closes."""
+        while True:
+            try:
+                kind, body = await channel.receive()
+            except ChannelClosed:
+                return
+            except ChannelBroken as exc:
+                log.error("worker %d sent what is not a message (%s): stopping it", index, exc)
+                process.kill()  # (closing the channel would tell it the coordinator is gone)
+                return
+            if kind == HIT:
+                self._hit(*body)
+            elif kind == LISTED:
+                self._reader.on_readdir(body)
+            elif kind == READ:
+                nursery.start_soon(self._answer, channel, body[0], self._read, body[1:])
+            elif kind == XATTR:
+                nursery.start_soon(self._answer, channel, body[0], self._xattr, body[1:])
+            else:
+                log.error("worker %d sent a %s: stopping it", index, KINDS[kind])
+                process.kill()
+                return
+
+    def _hit(self, file_id: int, offset: int, size: int, by_origin: list[int],
+             visits: list[Any], seconds: float) -> None:
+        try:
+            stream = self._ops.stream(self._ns.inode(file_id))
+        except SpokeError:
+            return  # gone since: nothing left to account it on
+        self._reader.served(stream, offset, size, by_origin, visits, seconds)
+
+    async def _read(self, file_id: int, offset: int, size: int) -> bytes:
+        fh = pyfuse3.FileHandleT(self._ns.inode(file_id))
+        return await self._ops.read(fh, offset, size)
+
+    async def _xattr(self, ino: int, name: bytes, uid: int) -> bytes:
+        ctx: Any = _Context(uid)
+        return await self._ops.getxattr(pyfuse3.InodeT(ino), pyfuse3.XAttrNameT(name), ctx)
+
+    async def _answer(self, channel: Channel, rid: int, handler: Any, args: tuple[Any, ...]
+                      ) -> None:
+        try:
+            reply = (rid, 0, await handler(*args))
+        except pyfuse3.FUSEError as exc:
+            reply = (rid, exc.errno, b"")
+        except SpokeError as exc:
+            reply = (rid, exc.code, b"")
+        with contextlib.suppress(ChannelClosed):  # the worker died: its request ended too
+            await channel.send(REPLY, reply)
