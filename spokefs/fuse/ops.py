@@ -17,6 +17,7 @@ import os
 import stat
 
 import pyfuse3
+import trio
 
 from spokefs.config import BLOCK_SIZE, SpokeConfig
 from spokefs.errors import NotADir, ReadOnly
@@ -52,6 +53,7 @@ class SpokeOps(pyfuse3.Operations):
     Attributes:
         handles: open file handle -> its stream (the file version it reads, fixed at open,
             and its access pattern); ``handle`` mode only.
+        initialised: set once the kernel's INIT has been answered (see ``init``).
     """
 
     supports_dot_lookup = False  # no NFS export, so the kernel never looks up ".."
@@ -79,6 +81,14 @@ class SpokeOps(pyfuse3.Operations):
         self._pages = PageCachePolicy()
         self.handles: dict[int, Stream] = {}
         self._by_inode = InodeStreams(namespace, reader) if cfg.open_mode == "kernel" else None
+        self.initialised = trio.Event()
+
+    def init(self) -> None:
+        """pyfuse3 calls this while it handles the kernel's INIT request, and libfuse writes
+        the INIT reply right after, in the same synchronous call: a task waiting on
+        ``initialised`` runs only once the kernel has applied that reply (which is what
+        resets the mount's read-ahead, see ``mount.set_kernel_readahead``)."""
+        self.initialised.set()
 
     def _entry_template(self) -> pyfuse3.EntryAttributes:
         """An EntryAttributes with the fields every entry shares (owner, timeouts)."""
