@@ -24,6 +24,7 @@ from spokefs.errors import NotADir, ReadOnly
 from spokefs.fuse.control import PREFIX, Control
 from spokefs.fuse.errors import fuse_errors
 from spokefs.fuse.inode_streams import InodeStreams
+from spokefs.fuse.io_size import preferred_io_size
 from spokefs.fuse.page_cache import PageCachePolicy
 from spokefs.namespace.replica import Attr, Namespace
 from spokefs.read.reader import Reader
@@ -77,6 +78,10 @@ class SpokeOps(pyfuse3.Operations):
         self._uid = cfg.uid
         self._gid = cfg.gid
         self._timeout = cfg.attr_timeout_s
+        # larger st_blksize up to here (io_size): the kernel's read-ahead, and no more than
+        # a first read of a small file fetches from the hub anyway
+        self._whole_read_max = min(cfg.kernel_readahead_kib * 1024,
+                                   cfg.prefetch.small_file_bytes)
         self._fh = itertools.count(1)
         self._pages = PageCachePolicy()
         self.handles: dict[int, Stream] = {}
@@ -110,6 +115,8 @@ class SpokeOps(pyfuse3.Operations):
         e.st_size = len(a.target) if stat.S_ISLNK(a.mode) else a.size
         e.st_blocks = (e.st_size + 511) // 512
         e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = a.mtime_ns
+        if stat.S_ISREG(a.mode):  # small files: one FUSE READ for a reader's first read
+            e.st_blksize = preferred_io_size(a.size, self._whole_read_max)
         return e
 
     # -- metadata ---------------------------------------------------------------------
@@ -175,6 +182,8 @@ class SpokeOps(pyfuse3.Operations):
             e.st_nlink = nlink
             e.st_size = size
             e.st_blocks = (size + 511) // 512
+            e.st_blksize = (preferred_io_size(size, self._whole_read_max) if stat.S_ISREG(mode)
+                            else BLOCK_SIZE)
             e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = mtime_ns
             if not reply(token, name, e, next_id):
                 break
