@@ -20,7 +20,10 @@ ceiling" look better than it was):
   pyfuse3 has them (``SPOKEFS_PLAIN_READDIR``), else as a stock pyfuse3 does.
 - no flush method (the kernel gets ENOSYS once and stops sending flushes), long entry and
   attribute timeouts, the spoke's mount options (``ro``, ``allow_other``,
-  ``default_permissions``), its pyfuse3 worker count and its 1 MiB kernel read-ahead.
+  ``default_permissions``), its pyfuse3 worker count and its 1 MiB kernel read-ahead, set
+  once INIT is answered as the spoke does (written before, the INIT reply capped it to
+  128 KiB), and its ``st_blksize`` (``spokefs.fuse.io_size``: a small file's size rounded up
+  to a power of two, so that a buffered reader's first read takes it in one FUSE READ).
 Nothing else: no cache, no network, no locks.
 
     python benchmarks/ceiling_fs.py ROOT MNT [--open-mode kernel|handle]
@@ -44,6 +47,9 @@ from pathlib import Path
 
 import pyfuse3
 import trio
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from spokefs.fuse.io_size import preferred_io_size  # the repository, above
 
 TIMEOUT_S = 3600.0  # entry and attribute timeouts: the tree never changes
 READAHEAD_KIB = 1024  # spokefs's default kernel_readahead_kib
@@ -104,6 +110,12 @@ class CeilingOps(pyfuse3.Operations):
         super().__init__()
         self.nodes = nodes
         self.kernel_open = kernel_open
+        self.initialised = trio.Event()
+
+    def init(self) -> None:
+        """Called while pyfuse3 handles INIT; the reply is written right after, in the same
+        call, so a task waiting on ``initialised`` runs once the kernel applied it."""
+        self.initialised.set()
 
     def _node(self, inode: int) -> Node:
         node = self.nodes.get(inode)
@@ -121,7 +133,8 @@ class CeilingOps(pyfuse3.Operations):
         e.st_nlink = 2 if stat.S_ISDIR(node.mode) else 1
         e.st_uid = e.st_gid = 0
         e.st_size = len(node.data)
-        e.st_blksize = 4096
+        e.st_blksize = (preferred_io_size(len(node.data), READAHEAD_KIB * 1024)
+                        if stat.S_ISREG(node.mode) else 4096)
         e.st_blocks = (e.st_size + 511) // 512
         e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = node.mtime_ns
         return e
@@ -188,11 +201,17 @@ def set_readahead(mnt: Path, kib: int) -> None:
             print(f"ceiling_fs: read-ahead left at its default: {exc}", file=sys.stderr)
 
 
-async def _serve() -> None:
+async def _serve(ops: CeilingOps, mnt: Path) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_terminate_on_signal)
+        nursery.start_soon(_readahead_once_initialised, ops, mnt)
         await pyfuse3.main(min_tasks=2, max_tasks=MAX_TASKS)
         nursery.cancel_scope.cancel()
+
+
+async def _readahead_once_initialised(ops: CeilingOps, mnt: Path) -> None:
+    await ops.initialised.wait()
+    set_readahead(mnt, READAHEAD_KIB)
 
 
 async def _terminate_on_signal() -> None:
@@ -216,13 +235,13 @@ def main(argv: list[str] | None = None) -> int:
     files = [n for n in nodes.values() if stat.S_ISREG(n.mode)]
     options = set(pyfuse3.default_options) | {"ro", "allow_other", "fsname=ceilingfs",
                                               "subtype=ceilingfs"}
-    pyfuse3.init(CeilingOps(nodes, args.open_mode == "kernel"), str(args.mountpoint), options)
+    ops = CeilingOps(nodes, args.open_mode == "kernel")
+    pyfuse3.init(ops, str(args.mountpoint), options)
     try:
-        set_readahead(args.mountpoint, READAHEAD_KIB)
         print(f"ceiling_fs: mounted {len(files)} files ({sum(len(n.data) for n in files)} "
               f"bytes) at {args.mountpoint} (open mode {args.open_mode}, readdir "
               f"{'plain' if PLAIN_READDIR else 'plus'})", flush=True)
-        trio.run(_serve)
+        trio.run(_serve, ops, args.mountpoint)
     finally:
         pyfuse3.close(unmount=True)
     return 0

@@ -207,12 +207,12 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
         log.info("mounted %s at %s (open mode %s, %d serving process%s%s)", cfg.hub_source,
                  cfg.mountpoint, cfg.open_mode, cfg.workers, "es" if cfg.workers > 1 else "",
                  f", data through the tier {cfg.tier_url}" if cfg.tier_url else "")
-        set_kernel_readahead(cfg.mountpoint, cfg.kernel_readahead_kib)
         clean = False
         try:
             on_ready(info)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_terminate_on_signal)
+                nursery.start_soon(_readahead_once_initialised, ops.initialised, cfg)
                 refresher.mounted(KernelCache(workers.namespace_changed if workers else None))
                 # each restarted if it fails (``supervise``): a bug there must not unmount
                 await nursery.start(supervised, "writer", cache.run)
@@ -302,6 +302,11 @@ async def _while_warming(
     return result[0]
 
 
+async def _readahead_once_initialised(initialised: trio.Event, cfg: SpokeConfig) -> None:
+    await initialised.wait()
+    set_kernel_readahead(cfg.mountpoint, cfg.kernel_readahead_kib)
+
+
 def set_kernel_readahead(mountpoint: Path, kib: int) -> None:
     """Raise the kernel's read-ahead for this mount (its default is 128 KiB).
 
@@ -309,6 +314,12 @@ def set_kernel_readahead(mountpoint: Path, kib: int) -> None:
     1 MiB it sends 1 MiB reads (FUSE's max_pages is 256), which halves the per-byte cost of
     the read path (measured: warm sequential 410 -> 710 MB/s). Larger values only add
     read-around waste for mmap readers. Needs root; without it the default stays.
+
+    Call it only once the kernel's INIT has been answered (``SpokeOps.initialised``): the
+    kernel applies the INIT reply's ``max_readahead`` as a cap on this very setting, and
+    libfuse answers with what the kernel offered at mount time, the default 128 KiB. Written
+    before that (as it was until issue 22), the value read back 128 once the mount served.
+    Files opened before the write keep the read-ahead of their open.
     """
     entry = find_mount(mountpoint)
     if entry is None:

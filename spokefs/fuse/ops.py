@@ -18,12 +18,14 @@ import stat
 from typing import Protocol
 
 import pyfuse3
+import trio
 
 from spokefs.config import BLOCK_SIZE, SpokeConfig
 from spokefs.errors import NotADir, ReadOnly
 from spokefs.fuse.control import PREFIX
 from spokefs.fuse.errors import fuse_errors
 from spokefs.fuse.inode_streams import InodeStreams
+from spokefs.fuse.io_size import preferred_io_size
 from spokefs.fuse.page_cache import PageCachePolicy
 from spokefs.namespace.replica import Attr, Namespace
 from spokefs.read.stream import Stream, StreamReader
@@ -59,6 +61,7 @@ class SpokeOps(pyfuse3.Operations):
     Attributes:
         handles: open file handle -> its stream (the file version it reads, fixed at open,
             and its access pattern); ``handle`` mode only.
+        initialised: set once the kernel's INIT has been answered (see ``init``).
     """
 
     supports_dot_lookup = False  # no NFS export, so the kernel never looks up ".."
@@ -83,10 +86,22 @@ class SpokeOps(pyfuse3.Operations):
         self._uid = cfg.uid
         self._gid = cfg.gid
         self._timeout = cfg.attr_timeout_s
+        # larger st_blksize up to here (io_size): the kernel's read-ahead, and no more than
+        # a first read of a small file fetches from the hub anyway
+        self._whole_read_max = min(cfg.kernel_readahead_kib * 1024,
+                                   cfg.prefetch.small_file_bytes)
         self._fh = itertools.count(1)
         self._pages = PageCachePolicy()
         self.handles: dict[int, Stream] = {}
         self._by_inode = InodeStreams(namespace, reader) if cfg.open_mode == "kernel" else None
+        self.initialised = trio.Event()
+
+    def init(self) -> None:
+        """pyfuse3 calls this while it handles the kernel's INIT request, and libfuse writes
+        the INIT reply right after, in the same synchronous call: a task waiting on
+        ``initialised`` runs only once the kernel has applied that reply (which is what
+        resets the mount's read-ahead, see ``mount.set_kernel_readahead``)."""
+        self.initialised.set()
 
     def _entry_template(self) -> pyfuse3.EntryAttributes:
         """An EntryAttributes with the fields every entry shares (owner, timeouts)."""
@@ -108,6 +123,8 @@ class SpokeOps(pyfuse3.Operations):
         e.st_size = len(a.target) if stat.S_ISLNK(a.mode) else a.size
         e.st_blocks = (e.st_size + 511) // 512
         e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = a.mtime_ns
+        if stat.S_ISREG(a.mode):  # small files: one FUSE READ for a reader's first read
+            e.st_blksize = preferred_io_size(a.size, self._whole_read_max)
         return e
 
     # -- metadata ---------------------------------------------------------------------
@@ -173,6 +190,8 @@ class SpokeOps(pyfuse3.Operations):
             e.st_nlink = nlink
             e.st_size = size
             e.st_blocks = (size + 511) // 512
+            e.st_blksize = (preferred_io_size(size, self._whole_read_max) if stat.S_ISREG(mode)
+                            else BLOCK_SIZE)
             e.st_atime_ns = e.st_mtime_ns = e.st_ctime_ns = mtime_ns
             if not reply(token, name, e, next_id):
                 break

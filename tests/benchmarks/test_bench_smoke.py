@@ -162,3 +162,15 @@ def test_bench_cold_cpu_smoke(tmp_path: Path) -> None:
     assert {p["workload"] for p in record["passes"]} == {"shards", "small"}
     for p in record["passes"]:
         assert p["spoke_cpu_s_per_gb"] > 0 and p["hub_cpu_s_per_gb"] > 0, p
+
+
+@pytest.mark.fuse
+def test_bench_reads_per_file_smoke(tmp_path: Path) -> None:
+    record = run_script("bench_reads_per_file.py", tmp_path, "--smoke", "--work-dir",
+                        str(tmp_path))
+    check_grades(record)
+    assert record["clean_unmount"] is True
+    w = record["workloads"]
+    # counts, not times: one READ per small file for tarfile and cat, whatever the machine
+    assert w["tar"]["reads_per_file"] == 1.0 and w["cat"]["reads_per_file"] == 1.0, w
+    assert w["rand-pread"]["over_read"] <= 1.1, w

@@ -15,6 +15,7 @@ from spoke_fakes import FakeHub
 from spokefs.cache.block_cache import BlockCache
 from spokefs.config import SpokeConfig
 from spokefs.fuse.control import Control
+from spokefs.fuse.io_size import preferred_io_size
 from spokefs.fuse.ops import SpokeOps
 from spokefs.namespace.replica import ROOT_INODE, Namespace
 from spokefs.protocol import Entry
@@ -88,6 +89,15 @@ async def test_attributes(ops):
     assert link.st_size == 1 and await ops.readlink(link.st_ino, Ctx()) == b"f"
     root = await ops.getattr(ROOT_INODE, Ctx())
     assert stat.S_ISDIR(root.st_mode) and root.st_nlink == 2
+    # a small file's preferred I/O size holds it whole (io_size); others keep one block
+    assert (a.st_blksize, link.st_blksize, root.st_blksize) == (16384, 4096, 4096)
+
+
+def test_preferred_io_size_holds_small_files_whole():
+    bound = 1 << 20
+    sizes = [0, 1, 4096, 4097, 114_560, 131_072, 131_073, bound, bound + 1, 1 << 40]
+    assert [preferred_io_size(s, bound) for s in sizes] == [
+        4096, 4096, 4096, 8192, 131_072, 131_072, 262_144, bound, 4096, 4096]
 
 
 async def test_read_through_handle(ops):
