@@ -44,7 +44,7 @@ from spokefs.fuse.worker_reader import Calls, ForwardedControl, WorkerReader
 from spokefs.namespace.replica import Namespace, NamespaceInfo
 from spokefs.shared_counter import SharedCounter
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("spokefs.fuse.worker")  # not "__main__": it runs with -m
 
 
 class FollowingNamespace(Namespace):
@@ -149,7 +149,7 @@ def main(argv: list[str]) -> int:
     channel_fd, mount_fd, generation_fd = (int(a) for a in argv[1:])
     sock = socket.socket(fileno=channel_fd)
     setup = _hello(sock)
-    logging.basicConfig(level=setup.cfg.log_level,
+    logging.basicConfig(level=setup.cfg.log_level, filename=setup.log_file,
                         format=f"%(asctime)s %(levelname)s worker{setup.index} %(name)s: "
                                "%(message)s")
     trio.run(serve, setup, sock, mount_fd, SharedCounter(generation_fd))

@@ -132,12 +132,15 @@ class WorkerSetup:
         index: the worker's number (1..N-1; the coordinator is 0), for logs.
         init: the mount's INIT request, as the kernel sent it (``session.receive_init``).
         options: the FUSE options the mount was made with.
+        log_file: the file the coordinator logs to (a daemon has no stderr), or None: the
+            worker logs to the stderr it inherits.
     """
 
     cfg: SpokeConfig
     index: int
     init: bytes
     options: tuple[str, ...]
+    log_file: str | None = None
 
     def encode(self) -> bytes:
         return pickle.dumps(self)

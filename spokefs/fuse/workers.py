@@ -65,8 +65,8 @@ from spokefs.shared_counter import SharedCounter
 
 log = logging.getLogger(__name__)
 
-_QUICK_DEATH_S = 5.0  # a worker that dies sooner is started again after a pause ...
-_RESTART_PAUSE_S = 1.0  # ... so a worker that cannot start does not spin
+_QUICK_DEATH_S = 5.0  # a worker that dies sooner is started again after a pause, ...
+_RESTART_PAUSE_S = (1.0, 30.0)  # ... doubling from the first to the last while it goes on
 _EXIT_WAIT_S = 5.0  # after BYE, how long a worker gets before it is killed
 
 
@@ -91,6 +91,8 @@ class Workers:
         self._cfg = dataclasses.replace(cfg, token=None, tls=None)
         self._init = init
         self._options = tuple(sorted(options))
+        self._log_file = next((h.baseFilename for h in logging.getLogger().handlers
+                               if isinstance(h, logging.FileHandler)), None)
         self._mount_fd = session.session_fd()
         self._generation = SharedCounter.create(ns.info.generation if ns.info else 0)
         self._channels: dict[int, Channel] = {}
@@ -127,6 +129,7 @@ class Workers:
                 process.kill()
 
     async def _keep(self, index: int) -> None:
+        pause = _RESTART_PAUSE_S[0]
         while not self._stopping:
             started = trio.current_time()
             code = await self._one(index)
@@ -140,8 +143,11 @@ class Workers:
             # a worker killed inside a read transaction leaves its reader slot behind
             self._source.check_readers()
             self._ns.check_readers()
-            if trio.current_time() - started < _QUICK_DEATH_S:
-                await trio.sleep(_RESTART_PAUSE_S)
+            if trio.current_time() - started < _QUICK_DEATH_S:  # it cannot start: no spin
+                await trio.sleep(pause)
+                pause = min(pause * 2, _RESTART_PAUSE_S[1])
+            else:
+                pause = _RESTART_PAUSE_S[0]
 
     async def _one(self, index: int) -> int | None:
         """Run worker ``index`` until it exits; its exit status."""
@@ -161,7 +167,7 @@ class Workers:
         self._channels[index] = channel
         metrics.WORKERS.set(len(self._channels))
         try:
-            setup = WorkerSetup(self._cfg, index, self._init, self._options)
+            setup = WorkerSetup(self._cfg, index, self._init, self._options, self._log_file)
             await channel.send_raw(encode(HELLO, setup.encode()))
             async with trio.open_nursery() as nursery:
                 await self._serve(index, process, channel, nursery)

@@ -184,11 +184,13 @@ def test_a_killed_coordinator_takes_the_mount_and_its_workers_with_it(
     assert files_of(again.mnt) == want  # a remount on the same cache dir is clean
 
 
-def test_sigterm_unmounts_cleanly_and_the_workers_exit(src, tmp_path, hub_factory,
+def test_sigterm_unmounts_cleanly_and_the_workers_exit_and_log_with_it(src, tmp_path, hub_factory,
                                                         make_mountpoint, free_port):
     hub = hub_factory(root=src)
+    log_file = tmp_path / "spoke.log"  # as a daemon logs: its workers log there too
     spoke = SpokeMount(hub.url, make_mountpoint("term"), tmp_path / "cache", tmp_path / "term",
-                       ("--workers", "3", "--metrics-port", str(free_port)))
+                       ("--workers", "3", "--metrics-port", str(free_port),
+                        "--log-file", str(log_file)))
     try:
         spoke.start()
         wait_for("2 workers", lambda: len(worker_pids(spoke)) == 2)
@@ -199,7 +201,10 @@ def test_sigterm_unmounts_cleanly_and_the_workers_exit(src, tmp_path, hub_factor
         assert spoke.proc.wait(timeout=30) == 0, spoke.stderr()
         assert not is_mounted(spoke.mnt)
         wait_for("the workers exit", lambda: not any(alive(p) for p in workers), timeout_s=10)
-        assert "Traceback" not in spoke.stderr(), spoke.stderr()
+        log = log_file.read_text()
+        assert "Traceback" not in log + spoke.stderr(), log + spoke.stderr()
+        assert "worker1 spokefs.fuse.worker: worker 1 serving" in log, log
+        assert "worker2 spokefs.fuse.worker: worker 2 serving" in log, log
     finally:
         spoke.unmount()
 

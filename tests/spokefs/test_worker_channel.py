@@ -1,0 +1,102 @@
+"""The channel between a mount's coordinator and a worker (``fuse.worker_channel``), over a
+real socketpair: messages and batches arrive whole and in order, and a peer that sends what
+is not a message, or goes away, is told apart from a message."""
+
+from __future__ import annotations
+
+import socket
+import struct
+from pathlib import Path
+
+import pytest
+import trio
+
+from spokefs.config import SpokeConfig
+from spokefs.fuse.worker_channel import (
+    HELLO,
+    HIT,
+    LISTED,
+    READ,
+    REPLY,
+    Channel,
+    ChannelBroken,
+    ChannelClosed,
+    WorkerSetup,
+    encode,
+)
+
+
+def pair() -> tuple[Channel, Channel, socket.socket]:
+    a, b = socket.socketpair()
+    raw = b.dup()
+    return (Channel(trio.SocketStream(trio.socket.from_stdlib_socket(a))),
+            Channel(trio.SocketStream(trio.socket.from_stdlib_socket(b))), raw)
+
+
+async def test_requests_replies_and_queued_events_arrive_in_order() -> None:
+    ours, theirs, raw = pair()
+    raw.close()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(theirs.send_queued)
+        for i in range(300):  # (a test that sends more would need a reader running)
+            theirs.queue(HIT, (i, 0, 4096, [1, 0, 0, 0], [(b"k" * 24, True, 7)], 0.001))
+        theirs.queue(LISTED, 42)
+        await theirs.send(READ, (1, 99, 0, 131072))
+        got = [await ours.receive() for _ in range(302)]
+        # a request goes out at once, maybe ahead of queued events; those keep their order
+        assert (READ, (1, 99, 0, 131072)) in got
+        events = [m for m in got if m[0] != READ]
+        assert [(k, b[0], b[3], b[4]) for k, b in events[:-1]] == [
+            (HIT, i, [1, 0, 0, 0], [(b"k" * 24, True, 7)]) for i in range(300)]
+        assert events[-1] == (LISTED, 42)
+        replies: list[tuple[int, object]] = []
+
+        async def take() -> None:
+            replies.append(await theirs.receive())
+
+        nursery.start_soon(take)  # a whole 1 MiB read is more than the socket holds
+        await ours.send(REPLY, (1, 0, b"x" * (1 << 20)))
+        while not replies:
+            await trio.sleep(0.01)
+        assert replies == [(REPLY, (1, 0, b"x" * (1 << 20)))]
+        nursery.cancel_scope.cancel()
+
+
+async def test_hello_carries_the_setup(tmp_path: Path) -> None:
+    ours, theirs, raw = pair()
+    raw.close()
+    cfg = SpokeConfig(hub_url="http://h:1", mountpoint=tmp_path, cache_dir=tmp_path,
+                      cache_max_bytes=1 << 30, workers=3, open_mode="kernel")
+    setup = WorkerSetup(cfg, 2, b"\x01init", ("ro", "allow_other"), None)
+    await ours.send_raw(encode(HELLO, setup.encode()))
+    kind, body = await theirs.receive()
+    assert kind == HELLO and WorkerSetup.decode(body) == setup
+
+
+@pytest.mark.parametrize("garbage", [
+    struct.pack("<IB", 4, 99) + b"abcd",              # no such kind
+    struct.pack("<IB", 1 << 30, REPLY),               # longer than any message
+    struct.pack("<IB", 3, REPLY) + b"\xff\xff\xff",  # not marshal
+])
+async def test_what_is_not_a_message_is_refused(garbage: bytes) -> None:
+    ours, _theirs, raw = pair()
+    raw.sendall(garbage)
+    with pytest.raises(ChannelBroken):
+        await ours.receive()
+
+
+async def test_a_peer_that_goes_away_closes_the_channel() -> None:
+    ours, theirs, raw = pair()
+    raw.sendall(struct.pack("<IB", 10, REPLY))  # half a message, then the end
+    raw.close()
+    await theirs.aclose()
+    with pytest.raises(ChannelClosed):
+        await ours.receive()
+    with pytest.raises(ChannelClosed):
+        await ours.send(READ, (1, 2, 3, 4))
+
+
+def test_a_hello_that_is_not_a_setup_is_refused() -> None:
+    import pickle
+    with pytest.raises(ChannelBroken):
+        WorkerSetup.decode(pickle.dumps({"not": "a setup"}))
