@@ -50,14 +50,15 @@ async def test_requests_replies_and_queued_events_arrive_in_order() -> None:
             (HIT, i, [1, 0, 0, 0], [(b"k" * 24, True, 7)]) for i in range(300)]
         assert events[-1] == (LISTED, 42)
         replies: list[tuple[int, object]] = []
+        replied = trio.Event()
 
         async def take() -> None:
             replies.append(await theirs.receive())
+            replied.set()
 
         nursery.start_soon(take)  # a whole 1 MiB read is more than the socket holds
         await ours.send(REPLY, (1, 0, b"x" * (1 << 20)))
-        while not replies:
-            await trio.sleep(0.01)
+        await replied.wait()
         assert replies == [(REPLY, (1, 0, b"x" * (1 << 20)))]
         nursery.cancel_scope.cancel()
 
