@@ -29,7 +29,7 @@ from spokefs.cli import main as cli
 VALUE_OPTIONS = frozenset({
     "cache_dir", "cache_size", "token_file", "ca_file", "metrics_port", "metrics_addr",
     "hub_deadline", "mount_deadline", "refresh_interval", "log_file", "log_level", "uid",
-    "gid", "tier", "hub_failover_after", "replay", "max_pinned_share",
+    "gid", "tier", "hub_failover_after", "replay", "max_pinned_share", "open_mode", "workers",
 })
 FLAG_OPTIONS = frozenset({"no_prefetch", "no_trace"})
 REQUIRED = ("cache_dir", "cache_size")
@@ -44,7 +44,8 @@ GENERIC_OPTIONS = frozenset({
 _USAGE = ("usage: mount.spokefs HUB_URL[,HUB_URL...] DIR -o cache_dir=D,cache_size=SIZE["
           ",token_file=F,ca_file=F,tier=URL,metrics_port=P,metrics_addr=A,hub_deadline=S,"
           "hub_failover_after=S,mount_deadline=S,refresh_interval=S,log_file=F,log_level=L,"
-          "uid=N,gid=N,replay=TRACE,max_pinned_share=F,no_prefetch,no_trace]")
+          "uid=N,gid=N,replay=TRACE,max_pinned_share=F,open_mode=M,workers=N,no_prefetch,"
+          "no_trace]")
 
 
 class HelperError(Exception):

@@ -62,13 +62,15 @@ def test_every_value_option_is_a_spokefs_flag() -> None:
                "metrics_port=9200", "metrics_addr=10.0.0.7", "hub_deadline=120",
                "mount_deadline=10", "refresh_interval=300", "log_file=/var/log/s.log",
                "log_level=DEBUG", "uid=1000", "gid=1000", "no_prefetch",
-               "hub_failover_after=5", "tier=http://tier.region:8700"]
+               "hub_failover_after=5", "tier=http://tier.region:8700", "workers=4",
+               "open_mode=kernel"]
     args = spokefs_args(options, sloppy=False)
     parsed = cli._parser().parse_args(["mount", "http://h:1", "/m", *args])
     assert parsed.hub_failover_after == 5.0
     assert parsed.metrics_port == 9200 and parsed.no_prefetch and parsed.uid == 1000
     assert parsed.refresh_interval == 300.0 and parsed.log_level == "DEBUG"
     assert parsed.tier == "http://tier.region:8700"
+    assert parsed.workers == "4" and parsed.open_mode == "kernel"
 
 
 @pytest.mark.parametrize(("tier", "error"), [
