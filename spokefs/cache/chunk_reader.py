@@ -46,8 +46,10 @@ class ChunkReader:
             lmdb.Error: it cannot be opened (no cache there yet, or a broken one).
         """
         self = cls.__new__(cls)
+        # read-ahead on, as the writer's environment has it: a chunk that is not in RAM is
+        # read in one fault's read-ahead, not a disk read per 4 KiB page
         self._env = lmdb.open(str(path), map_size=map_bytes, readonly=True, lock=True,
-                              max_dbs=8, create=False, readahead=False)
+                              max_dbs=8, create=False)
         try:  # (handles opened inside a read transaction of our own fail later: EINVAL)
             self._data = self._env.open_db(b"data", create=False)
             self._head = self._env.open_db(b"head", create=False)
