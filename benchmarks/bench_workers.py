@@ -546,6 +546,7 @@ def main() -> int:
     deadline = bl.Deadline(args.max_seconds)
     started = time.monotonic()
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=work))
+    ticks0, wall0, load0 = bl.all_ticks(), time.perf_counter(), os.getloadavg()
     try:
         run(args, configs, wls, run_dir, record, deadline)
     except (bl.BenchError, subprocess.TimeoutExpired) as e:
@@ -560,6 +561,14 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(run_dir, ignore_errors=True)
     record["seconds"] = round(time.monotonic() - started, 1)
+    # what else ran: the busiest processes alive at the end (this run's spokes are gone)
+    others = [t for t in bl.top_processes(ticks0, bl.all_ticks(), time.perf_counter() - wall0)
+              if t[0] != os.getpid()]
+    record["machine"] = {"loadavg_start": load0, "loadavg_end": os.getloadavg(),
+                         "other_busy_processes": others}
+    print(f"\nload average at the start {load0[0]:.2f}, at the end {os.getloadavg()[0]:.2f}; "
+          "busiest other processes over the run (% of one core): "
+          + ("; ".join(f"{c[:60]} {pct}" for _, c, pct in others[:4]) or "none"), flush=True)
     figs = summarise(record, wls)
     print("\n" + tables(figs, configs, wls))
     record["figures"] = {k: {n: f.summary() for n, f in d.items()} for k, d in figs.items()}
@@ -572,7 +581,8 @@ def main() -> int:
             fig = figs.get(f"{wl}/{key}", {}).get(rest[0])
         if fig is None or not fig.samples:
             return None, "not run"
-        note = f"median of {len(fig.samples)} (range {fig.text('{:.3f}')})"
+        note = (f"median of {len(fig.samples)}, range {min(fig.samples):.3f}-"
+                f"{max(fig.samples):.3f}")
         if args.smoke:
             note += "; smoke sizes: not a figure"
         return round(statistics.median(fig.samples), 3), note
