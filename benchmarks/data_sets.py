@@ -5,7 +5,9 @@
   bench_longlink's meta workload);
 - ``ensure_files``: F files of M MiB of random bytes (bench_foundation's seqread);
 - ``ensure_data``: bench_longlink's large, random-access and small files, at the sizes of
-  ``FULL`` or ``SMOKE`` (a tiny set for the CI smoke test), with the small files' xxh3.
+  ``FULL`` or ``SMOKE`` (a tiny set for the CI smoke test), with the small files' xxh3;
+- ``ensure_dataset``: an ImageNet-like set (lognormal sizes, median 110 KiB, in class
+  directories) with a manifest of sizes and xxh3 digests (train.py, bench_workers.py).
 
 A data set is complete only once its marker (count, ``.done`` or manifest) is written, so an
 interrupted build is rebuilt, not reused.
@@ -14,18 +16,24 @@ interrupted build is rebuilt, not reused.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
+import statistics
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import xxhash
 from workloads import find_count
 
 KIB, MIB = 1024, 1024 * 1024
 FILES_PER_DIR = 100
+MEDIAN_BYTES, SIGMA = 110 * KIB, 0.6  # ensure_dataset's sizes
+MIN_BYTES, MAX_BYTES = 16 * KIB, MIB
 
 
 def ensure_tree(work: Path, entries: int) -> tuple[Path, int]:
@@ -146,3 +154,66 @@ def ensure_data(work: Path, sizes: Sizes = FULL) -> Data:
             manifest.write_text(json.dumps(m))
     return Data(root, m["seq"], m["seq_quick"], m["rand"],
                 {k: tuple(v) for k, v in m["small"].items()})
+
+
+# -- an ImageNet-like data set (train.py, bench_workers.py) -----------------------------------
+
+
+@dataclass
+class DataSet:
+    """An ImageNet-like dataset on local disk and its manifest."""
+
+    root: Path
+    rels: list[str]
+    sizes: list[int]
+    digests: list[str]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes)
+
+    @property
+    def mean_bytes(self) -> float:
+        return self.total_bytes / len(self.sizes)
+
+    def describe(self) -> str:
+        dirs = len({r.split("/", 1)[0] for r in self.rels})
+        return (f"{len(self.rels)} files in {dirs} dirs, {self.total_bytes / 1e6:.0f} MB, "
+                f"mean {self.mean_bytes / KIB:.0f} KiB, median "
+                f"{statistics.median(self.sizes) / KIB:.0f} KiB")
+
+
+def file_sizes(files: int, seed: int) -> list[int]:
+    """Lognormal sizes, median 110 KiB, sigma 0.6 (mean ~132 KiB), clipped to 16 KiB-1 MiB."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.lognormal(mean=math.log(MEDIAN_BYTES), sigma=SIGMA, size=files)
+    return [int(s) for s in np.clip(sizes, MIN_BYTES, MAX_BYTES)]
+
+
+def _write_dataset(root: Path, files: int, dirs: int, seed: int) -> list[list[Any]]:
+    rng = np.random.default_rng(seed + 1)
+    entries = []
+    for i, size in enumerate(file_sizes(files, seed)):
+        rel = f"n{i % dirs:04d}/img-{i:06d}.bin"
+        data = rng.bytes(size)
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        entries.append([rel, size, xxhash.xxh3_64_hexdigest(data)])
+    return entries
+
+
+def ensure_dataset(work: Path, files: int, dirs: int, seed: int) -> DataSet:
+    """Generated once under work (``imagenet-<files>x<dirs>-s<seed>/`` and its ``.json``
+    manifest), then reused."""
+    name = f"imagenet-{files}x{dirs}-s{seed}"
+    root, manifest = work / name, work / f"{name}.json"
+    if not manifest.exists():
+        print(f"generating {files} files in {dirs} dirs under {root} (once)", flush=True)
+        shutil.rmtree(root, ignore_errors=True)
+        entries = _write_dataset(root, files, dirs, seed)
+        subprocess.run(["sync"], check=True)
+        manifest.write_text(json.dumps({"files": entries, "seed": seed}))
+    entries = json.loads(manifest.read_text())["files"]
+    return DataSet(root, [e[0] for e in entries], [e[1] for e in entries],
+                   [e[2] for e in entries])

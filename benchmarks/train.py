@@ -85,7 +85,6 @@ import os
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -98,7 +97,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import xxhash
 from torch.utils.data import DataLoader
@@ -110,6 +108,7 @@ for _p in (str(HERE), str(REPO)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 import benchlib as bl  # noqa: E402
+from data_sets import DataSet, ensure_dataset  # noqa: E402
 from longlink import LongLinkProcess  # noqa: E402
 
 from spokefs import protocol  # noqa: E402
@@ -118,8 +117,6 @@ from spokefs.jobs import trace_file  # noqa: E402
 
 RESULTS = HERE / "results" / "train.jsonl"
 KIB, MIB = 1024, 1024 * 1024
-MEDIAN_BYTES, SIGMA = 110 * KIB, 0.6
-MIN_BYTES, MAX_BYTES = 16 * KIB, MIB
 LONG_RTT_MS = 300  # RTTs above this use the --long-files dataset
 FIRST_BATCHES = 150
 WINDOW_BATCHES = 20
@@ -189,69 +186,6 @@ BUCKET_GOALS = (
             "bucket_hub_cpu", "bucket-cold / spoke-cold, io: hub CPU per MB, same run",
             "<=", 2.0),
 )
-
-
-# -- the dataset ------------------------------------------------------------------------------
-
-
-@dataclass
-class DataSet:
-    """An ImageNet-like dataset on local disk and its manifest."""
-
-    root: Path
-    rels: list[str]
-    sizes: list[int]
-    digests: list[str]
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.sizes)
-
-    @property
-    def mean_bytes(self) -> float:
-        return self.total_bytes / len(self.sizes)
-
-    def describe(self) -> str:
-        dirs = len({r.split("/", 1)[0] for r in self.rels})
-        return (f"{len(self.rels)} files in {dirs} dirs, {self.total_bytes / 1e6:.0f} MB, "
-                f"mean {self.mean_bytes / KIB:.0f} KiB, median "
-                f"{statistics.median(self.sizes) / KIB:.0f} KiB")
-
-
-def file_sizes(files: int, seed: int) -> list[int]:
-    """Lognormal sizes, median 110 KiB, sigma 0.6 (mean ~132 KiB), clipped to 16 KiB-1 MiB."""
-    rng = np.random.default_rng(seed)
-    sizes = rng.lognormal(mean=math.log(MEDIAN_BYTES), sigma=SIGMA, size=files)
-    return [int(s) for s in np.clip(sizes, MIN_BYTES, MAX_BYTES)]
-
-
-def _write_dataset(root: Path, files: int, dirs: int, seed: int) -> list[list[Any]]:
-    rng = np.random.default_rng(seed + 1)
-    entries = []
-    for i, size in enumerate(file_sizes(files, seed)):
-        rel = f"n{i % dirs:04d}/img-{i:06d}.bin"
-        data = rng.bytes(size)
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        entries.append([rel, size, xxhash.xxh3_64_hexdigest(data)])
-    return entries
-
-
-def ensure_dataset(work: Path, files: int, dirs: int, seed: int) -> DataSet:
-    """Generated once under work (``imagenet-<files>x<dirs>-s<seed>/`` and its ``.json``
-    manifest), then reused."""
-    name = f"imagenet-{files}x{dirs}-s{seed}"
-    root, manifest = work / name, work / f"{name}.json"
-    if not manifest.exists():
-        print(f"generating {files} files in {dirs} dirs under {root} (once)", flush=True)
-        shutil.rmtree(root, ignore_errors=True)
-        entries = _write_dataset(root, files, dirs, seed)
-        subprocess.run(["sync"], check=True)
-        manifest.write_text(json.dumps({"files": entries, "seed": seed}))
-    entries = json.loads(manifest.read_text())["files"]
-    return DataSet(root, [e[0] for e in entries], [e[1] for e in entries],
-                   [e[2] for e in entries])
 
 
 # -- one epoch of a DataLoader ----------------------------------------------------------------

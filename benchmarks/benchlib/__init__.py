@@ -15,7 +15,8 @@ and goal grading. Scripts do ``import benchlib as bl`` (every name below is re-e
   from the status file it rewrites every 0.2 s, stamped with the time it wrote them, so
   throughput is counted at the link, never at the reader (where read-ahead flatters it).
 - **meters** (``meters``): CPU of pids and of the machine between two points (``CpuMeter``,
-  ``all_ticks``/``top_processes``), a sampler thread for any columns (``Series``), and
+  ``all_ticks``/``top_processes``; ``tree_pids``: a process and its children, e.g. a spoke's
+  workers), a sampler thread for any columns (``Series``), and
   ``scrape`` for Prometheus text endpoints.
 - **results** (``results``): ``run_info``, the JSON line's common head (time, git commit,
   whether the tree was dirty, kernel, Python, CPUs, argv), taken at the start of a run before
@@ -52,6 +53,8 @@ from .meters import (
     proc_cpu_ticks,
     scrape,
     top_processes,
+    tree_cpu_ticks,
+    tree_pids,
 )
 from .procs import (
     CEILING_READY_RE,
@@ -99,5 +102,6 @@ __all__ = [
     "fusermount", "git_info", "grade", "grades_json", "is_mounted", "jsonable", "kill_mount",
     "link_counters", "machine_ticks", "markdown_table", "open_link", "print_goals",
     "proc_cpu_ticks", "rclone_mount", "rclone_serve", "run_hub", "run_info", "save_record",
-    "scrape", "spoke_mount", "top_processes", "unmount", "wait_mounted", "wait_port", "which",
+    "scrape", "spoke_mount", "top_processes", "tree_cpu_ticks", "tree_pids", "unmount",
+    "wait_mounted", "wait_port", "which",
 ]

@@ -24,6 +24,26 @@ def proc_cpu_ticks(pid: int) -> int:
         return 0
 
 
+def tree_pids(pid: int) -> list[int]:
+    """pid and its descendants now (``/proc/PID/task/*/children``, recursively): a spoke and
+    its ``--workers`` processes, whose CPU is not in the parent's until they are reaped."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{p}/task"):
+                with contextlib.suppress(OSError, ValueError):
+                    text = Path(f"/proc/{p}/task/{task}/children").read_text()
+                    todo += [int(c) for c in text.split()]
+    return out
+
+
+def tree_cpu_ticks(pids: list[int]) -> dict[int, int]:
+    """pid -> utime + stime in clock ticks, for each of pids (0 for one that is gone)."""
+    return {p: proc_cpu_ticks(p) for p in pids}
+
+
 def machine_ticks() -> tuple[int, int]:
     """(busy, total) jiffies of all CPUs from /proc/stat (idle = idle + iowait)."""
     vals = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]

@@ -257,13 +257,16 @@ def _mounted(mount: Mount) -> Iterator[Mount]:
 @contextlib.contextmanager
 def spoke_mount(url: str, mnt: Path, cache_dir: Path, log_path: Path, deadline: Deadline,
                 cache_size: str = "8G", extra_args: Sequence[str] = (),
-                src: Path = REPO, start_timeout_s: float = 300) -> Iterator[Mount]:
+                src: Path = REPO, start_timeout_s: float = 300,
+                wrapper: Sequence[str] = ()) -> Iterator[Mount]:
     """A foreground ``spokefs mount URL MNT`` (the code of checkout ``src``) with /metrics on
     a free loopback port; always unmounted at the end (``mount.result`` says whether cleanly
-    and the exit code). ``start_timeout_s`` bounds the wait for its readiness line."""
+    and the exit code). ``start_timeout_s`` bounds the wait for its readiness line.
+    ``wrapper`` is a command that execs the rest in the same process, put in front of the
+    spoke's argv (e.g. ``taskset -c 0``: the pid is still the spoke's)."""
     mnt.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    argv = [sys.executable, "-m", "spokefs", "mount", url, str(mnt), "--cache-dir",
+    argv = [*wrapper, sys.executable, "-m", "spokefs", "mount", url, str(mnt), "--cache-dir",
             str(cache_dir), "--cache-size", cache_size, "--metrics-port", str(port),
             "--metrics-addr", "127.0.0.1", *extra_args]
     proc = Proc("spokefs", argv, log_path, src)

@@ -174,3 +174,33 @@ def test_bench_reads_per_file_smoke(tmp_path: Path) -> None:
     # counts, not times: one READ per small file for tarfile and cat, whatever the machine
     assert w["tar"]["reads_per_file"] == 1.0 and w["cat"]["reads_per_file"] == 1.0, w
     assert w["rand-pread"]["over_read"] <= 1.1, w
+
+
+@pytest.mark.fuse
+def test_bench_workers_smoke(tmp_path: Path) -> None:
+    if shutil.which("taskset") is None:
+        pytest.skip("taskset is not installed (util-linux)")
+    record = run_script("bench_workers.py", tmp_path, "--smoke", "--work-dir",
+                        str(tmp_path / "work"))
+    assert record["error"] is None and record["problems"] == [], record
+    check_grades(record)
+    passes = {(p["workload"], p["config"]): p for p in record["passes"]}
+    assert set(passes) == {(w, c) for w in ("small", "seq")
+                           for c in ("local", "w1", "w2", "w2-cpu0", "w1-cpu01", "w2-cpu01")}
+    for (_workload, config), p in passes.items():
+        assert p["wall_s"] > 0, p
+        if config == "local":
+            continue
+        workers = int(config[1])
+        assert p["processes"] == workers, p  # the coordinator and N-1 workers, all measured
+        assert len(p["workers_cpu_s"]) == workers - 1, p
+        assert p["counters"]["block_misses_total"] == 0, p  # warm: nothing fetched
+        assert p["sample_checked"] > 0 and p["sample_wrong"] == [], p
+        assert p["unmount"] == {"clean": True, "exit_code": 0} and p["workers_left"] == [], p
+        # taskset held the spoke and its workers to the CPUs asked
+        want = {"-cpu0": "0", "-cpu01": "0-1"}.get(config[2:])
+        if want is not None:
+            assert set(p["cpus_allowed"].values()) == {want}, p
+    assert all(f["wrong"] == [] and f["checked"] > 0 for f in record["fills"].values())
+    scale = next(g for g in record["grades"] if g["key"] == "small/scale-cpu01")
+    assert scale["verdict"] in ("PASS", "MISS"), scale
