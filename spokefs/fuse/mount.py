@@ -201,14 +201,14 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             pyfuse3.init(ops, str(cfg.mountpoint), options)
         except RuntimeError as exc:
             raise UserError(f"cannot mount on {cfg.mountpoint}: {exc}") from None
-        workers = None
-        if cfg.workers > 1:  # they join the session after INIT (``session``)
-            workers = Workers(cfg, ops, reader, ns, source, session.receive_init(), options)
         log.info("mounted %s at %s (open mode %s, %d serving process%s%s)", cfg.hub_source,
                  cfg.mountpoint, cfg.open_mode, cfg.workers, "es" if cfg.workers > 1 else "",
                  f", data through the tier {cfg.tier_url}" if cfg.tier_url else "")
         clean = False
         try:
+            workers = None
+            if cfg.workers > 1:  # they join the session after INIT (``session``)
+                workers = Workers(cfg, ops, reader, ns, source, session.receive_init(), options)
             on_ready(info)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_terminate_on_signal)
