@@ -52,6 +52,8 @@ sys.path.insert(0, str(HERE))
 
 import benchlib as bl  # noqa: E402
 
+from tests.helpers.treegen import tar_of_members  # noqa: E402
+
 RESULTS = HERE / "results" / "reads_per_file.jsonl"
 KIB, MIB = 1024, 1024 * 1024
 ISSUE = "issue 22: One READ per file for the readers our users run"
@@ -75,24 +77,12 @@ def _jpeg(rng: random.Random) -> bytes:
     return out.getvalue()
 
 
-def _tar(rng: random.Random) -> bytes:
-    """A tar of 8 members of 8-20 KiB each (about 110 KiB)."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as tf:
-        for i in range(8):
-            data = rng.randbytes(rng.randint(8 * KIB, 20 * KIB))
-            info = tarfile.TarInfo(f"{i:02d}.bin")
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return out.getvalue()
-
-
 def build(root: Path, files: int, large_mib: int) -> dict[str, list[str]]:
     """The data set under ``root`` (built once; reused when present). Returns the files of
     each kind, relative to ``root``."""
     rng = random.Random(22)
     kinds: dict[str, list[str]] = {"jpeg": [], "tar": [], "large": ["large/rand.bin"]}
-    for kind, make in (("jpeg", _jpeg if Image is not None else None), ("tar", _tar)):
+    for kind, make in (("jpeg", _jpeg if Image is not None else None), ("tar", tar_of_members)):
         if make is None:
             continue
         (root / kind).mkdir(parents=True, exist_ok=True)

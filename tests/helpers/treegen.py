@@ -23,8 +23,10 @@ Layout of ``build_tree`` (relative to the root, which is chmod 0755)::
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import random
+import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -303,3 +305,16 @@ def sha256_file(path: bytes | str, chunk: int = 1024 * 1024) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def tar_of_members(rng: random.Random, members: int = 8) -> bytes:
+    """A tar of ``members`` random members of 8-20 KiB each (about 110 KiB for 8): what a
+    reader of sample archives (``tarfile``) reads in small pieces."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tf:
+        for i in range(members):
+            data = rng.randbytes(rng.randint(8 << 10, 20 << 10))
+            info = tarfile.TarInfo(f"{i:02d}.bin")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return out.getvalue()

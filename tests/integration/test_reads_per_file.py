@@ -19,7 +19,6 @@ holds, with the kernel's pages of the file dropped first. What is checked:
 
 from __future__ import annotations
 
-import io
 import mmap
 import os
 import random
@@ -30,6 +29,7 @@ import pytest
 
 from spokefs.mounttab import find_mount
 from tests.helpers.procs import free_port, scrape_metrics
+from tests.helpers.treegen import tar_of_members
 
 pytestmark = pytest.mark.fuse
 
@@ -41,17 +41,6 @@ EDGE_SIZES = (1, 4095, 4096, 4097, 65537, 114_560, 131_071, 131_072, 131_971, 70
               MiB + 1, 3 * MiB + 123)
 
 
-def _tar(rnd: random.Random) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as tf:
-        for i in range(8):
-            data = rnd.randbytes(rnd.randint(8 * KiB, 20 * KiB))
-            info = tarfile.TarInfo(f"{i:02d}.bin")
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return out.getvalue()
-
-
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("reads-tree")
@@ -60,7 +49,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for i in range(6):
         size = 100 * KiB + rnd.randrange(30 * KiB)  # JPEG-sized: ~110 KiB
         (root / "small" / f"{i}.jpg").write_bytes(rnd.randbytes(size))
-        (root / "small" / f"{i}.tar").write_bytes(_tar(rnd))
+        (root / "small" / f"{i}.tar").write_bytes(tar_of_members(rnd))
     (root / "edges").mkdir()
     for size in EDGE_SIZES:
         (root / "edges" / f"{size}.bin").write_bytes(rnd.randbytes(size))
