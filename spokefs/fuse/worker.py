@@ -33,12 +33,12 @@ from spokefs.fuse import session
 from spokefs.fuse.ops import SpokeOps
 from spokefs.fuse.worker_channel import (
     BYE,
-    HELLO,
     REPLY,
     Channel,
     ChannelBroken,
     ChannelClosed,
     WorkerSetup,
+    receive_hello,
 )
 from spokefs.fuse.worker_reader import Calls, ForwardedControl, WorkerReader
 from spokefs.namespace.replica import Namespace, NamespaceInfo
@@ -120,25 +120,6 @@ async def _send_events(channel: Channel) -> None:
         return  # _listen sees it too, and acts
 
 
-def _hello(sock: socket.socket) -> WorkerSetup:
-    """The coordinator's first message, read before the worker's loop starts."""
-    head = _exactly(sock, 5)
-    length, kind = int.from_bytes(head[:4], "little"), head[4]
-    if kind != HELLO:
-        raise ChannelBroken(f"the first message is of kind {kind}, not HELLO")
-    return WorkerSetup.decode(_exactly(sock, length))
-
-
-def _exactly(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ChannelClosed("the coordinator closed the channel before HELLO")
-        buf += chunk
-    return bytes(buf)
-
-
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -148,7 +129,7 @@ def main(argv: list[str]) -> int:
         return 2
     channel_fd, mount_fd, generation_fd = (int(a) for a in argv[1:])
     sock = socket.socket(fileno=channel_fd)
-    setup = _hello(sock)
+    setup = receive_hello(sock)
     logging.basicConfig(level=setup.cfg.log_level, filename=setup.log_file,
                         format=f"%(asctime)s %(levelname)s worker{setup.index} %(name)s: "
                                "%(message)s")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import marshal
 import pickle
+import socket
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +58,26 @@ class ChannelBroken(Exception):
 def encode(kind: int, body: Any) -> bytes:
     payload = body if kind == HELLO else marshal.dumps(body)
     return _HEAD.pack(len(payload), kind) + payload
+
+
+def receive_hello(sock: socket.socket) -> WorkerSetup:
+    """The coordinator's first message, read by a worker before its event loop starts."""
+    length, kind = _HEAD.unpack(_exactly(sock, _HEAD.size))
+    if kind != HELLO:
+        raise ChannelBroken(f"the first message is of kind {kind}, not HELLO")
+    if length > _MAX_MESSAGE:
+        raise ChannelBroken(f"a HELLO of {length} bytes")
+    return WorkerSetup.decode(_exactly(sock, length))
+
+
+def _exactly(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ChannelClosed("the coordinator closed the channel before HELLO")
+        buf += chunk
+    return bytes(buf)
 
 
 class Channel:
