@@ -101,9 +101,12 @@ def test_an_evicted_directory_is_filled_again(tmp_path, hub_factory, mount_facto
     for d in ("a", "b", "c"):  # a pass over all three: far more than the cache holds
         for f in sorted((src / d).iterdir()):
             assert (mnt / d / f.name).read_bytes() == f.read_bytes()
-    time.sleep(1.0)  # let the last fills land
     have_a, total_a = cached(mnt / "a")
-    assert have_a < total_a // 2, "most of a must have been evicted by b and c"
+    # How much of a stays is not fixed: eviction takes the newest chunk already read, and the
+    # oldest (a's) when the newest are still unread, filled ahead of their reader; so it depends
+    # on how far each directory's fill ran ahead of the reads (0 to 3.4 MiB of a's 6 MiB stayed
+    # in runs). The rest of the test needs one file of a to miss and 16 more for its fill.
+    assert total_a - have_a >= 17 * 64 * KiB, "b and c must have evicted files of a"
     # a later epoch misses a file of a: its fill runs again and brings others of a back
     gone = next(f for f in sorted(os.listdir(mnt / "a")) if cached(mnt / "a" / f)[0] == 0)
     fd = os.open(mnt / "a" / gone, os.O_RDONLY)
