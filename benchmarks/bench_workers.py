@@ -26,7 +26,13 @@ invocation, each workload's cache dir is filled once by a cold pass that checks 
   ``spokefs_workers`` == N-1, drop the page cache, run the command over the mount; then,
   untimed, drop again and check the bytes of a sample through the mount (64 small files by
   8 threads; the first 8 MiB of every shard), unmount (``fusermount3 -u``, lazily if busy)
-  and require a clean exit 0.
+  and require a clean exit 0;
+- ``w2-split`` (small files only): as ``w2``, but the mount's own process (the coordinator)
+  is stopped (``SIGSTOP``) while the readers run, so its worker answers every request; then
+  ``SIGCONT``, and the coordinator takes the worker's queued hits until ``/metrics`` stops
+  moving. Figures: the worker alone (files/s, CPU per file) and what the coordinator pays per
+  worker hit (its CPU over the catch-up / reads counted), which bounds how many files/s one
+  coordinator can take from any number of workers (the model in docs/design.md).
 
 Figures per pass: files/s (small) or MB/s (10^6 B/s, seq); the ratio to the same run's
 local pass; the spoke's CPU (utime + stime from /proc of the mount's process and of each of
@@ -38,13 +44,13 @@ w2 / w1 run by run. Graded against issue 22's goals (``GOALS``) and appended as 
 to benchmarks/results/workers.jsonl (commit, dirty flag, kernel, CPUs, argv, open mode).
 
     python benchmarks/bench_workers.py [--runs 3] [--files 6000] [--dirs 100] [--shards 8]
-        [--shard-mib 256] [--configs local,w1,w2,w3,w1-cpu0,w2-cpu0,w1-cpu01,w2-cpu01]
+        [--shard-mib 256] [--configs local,w1,w2,w3,w1-cpu0,w2-cpu0,w1-cpu01,w2-cpu01,w2-split]
         [--workloads small,seq] [--work-dir /var/tmp/spokefs-workers] [--keep]
         [--max-seconds 3600] [--results FILE] [--smoke]
 
 Needs root (FUSE allow_other, drop_caches), fusermount3, taskset, the patched pyfuse3
 (``--open-mode kernel``). ``--smoke``: 200 files, 2 x 8 MiB, 1 run, configurations local, w1,
-w2, w2-cpu0, w1-cpu01, w2-cpu01 (tests/benchmarks runs it, ~25 s).
+w2, w2-cpu0, w1-cpu01, w2-cpu01, w2-split (tests/benchmarks runs it, ~30 s).
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -73,8 +80,8 @@ from data_sets import DataSet, ensure_dataset  # noqa: E402
 
 RESULTS = HERE / "results" / "workers.jsonl"
 MIB, GB = 1024 * 1024, 1e9
-ALL_CONFIGS = "local,w1,w2,w3,w1-cpu0,w2-cpu0,w1-cpu01,w2-cpu01"
-SMOKE_CONFIGS = "local,w1,w2,w2-cpu0,w1-cpu01,w2-cpu01"
+ALL_CONFIGS = "local,w1,w2,w3,w1-cpu0,w2-cpu0,w1-cpu01,w2-cpu01,w2-split"
+SMOKE_CONFIGS = "local,w1,w2,w2-cpu0,w1-cpu01,w2-cpu01,w2-split"
 SMALL_CMD = "find {root} -type f | xargs -P 8 -n 64 cat > /dev/null"
 SEQ_CMD = "find {root} -type f -name 'shard-*' | xargs -P 4 -n 1 cat > /dev/null"
 SAMPLE_FILES, SAMPLE_SHARD_BYTES = 64, 8 * MIB
@@ -116,14 +123,17 @@ GOALS = (
 
 @dataclass(frozen=True)
 class Config:
-    key: str  # local, w2, w1-cpu0, ...
+    key: str  # local, w2, w1-cpu0, w2-split, ...
     workers: int  # 0: local disk
     cpus: str | None  # taskset's list ("0", "0,1") or None
+    split: bool = False  # the coordinator stopped during the pass (see the docstring)
 
     @property
     def name(self) -> str:
         if not self.workers:
             return "local"
+        if self.split:
+            return f"spoke w{self.workers} split"
         return f"spoke w{self.workers}" + (f" cpu{self.cpus.replace(',', '')}"
                                            if self.cpus else "")
 
@@ -137,9 +147,13 @@ def parse_configs(text: str) -> list[Config]:
         if key == "local":
             out.append(Config(key, 0, None))
             continue
+        if key == "w2-split":
+            out.append(Config(key, 2, None, split=True))
+            continue
         m = re.fullmatch(r"w(\d)(?:-cpu(\d+))?", key)
         if m is None or int(m.group(1)) < 1:
-            raise SystemExit(f"--configs: {key!r} is not local, wN or wN-cpuLIST (w2-cpu01)")
+            raise SystemExit(f"--configs: {key!r} is not local, wN, wN-cpuLIST (w2-cpu01) "
+                             "or w2-split")
         cpus = ",".join(m.group(2)) if m.group(2) else None
         if cpus and max(int(c) for c in cpus.split(",")) >= (os.cpu_count() or 1):
             raise SystemExit(f"--configs: {key!r}: this machine has {os.cpu_count()} CPUs")
@@ -319,7 +333,10 @@ def spoke_pass(wl: Workload, cfg: Config, hub: bl.Hub, cache: Path, run_dir: Pat
         c0 = bl.tree_cpu_ticks(pids0)
         k0 = bl.scrape(m.metrics_url, COUNTERS, sum_labels=True)
         busy0 = bl.machine_ticks()
-        wall = run_readers(wl.command, mnt, deadline.timeout(1800))
+        if cfg.split:
+            wall, out["split"] = split_readers(wl, mnt, m.pid, m.metrics_url, k0, deadline)
+        else:
+            wall = run_readers(wl.command, mnt, deadline.timeout(1800))
         busy1 = bl.machine_ticks()
         k1 = bl.scrape(m.metrics_url, COUNTERS, sum_labels=True)
         pids1 = bl.tree_pids(m.pid)
@@ -341,6 +358,39 @@ def spoke_pass(wl: Workload, cfg: Config, hub: bl.Hub, cache: Path, run_dir: Pat
                       "exit_code": m.result.exit_code if m.result else None}
     out["workers_left"] = survivors(pids1[1:])
     return out
+
+
+def split_readers(wl: Workload, mnt: Path, pid: int, url: str | None, k0: dict[str, float],
+                  deadline: bl.Deadline) -> tuple[float, dict[str, Any]]:
+    """The readers with the coordinator stopped (only the worker can answer them), then the
+    coordinator's catch-up on the worker's hits: the readers' wall seconds, and the worker's
+    CPU and the coordinator's for that catch-up."""
+    workers = bl.tree_pids(pid)[1:]
+    w0 = bl.tree_cpu_ticks(workers)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wall = run_readers(wl.command, mnt, deadline.timeout(1800))
+        w1 = bl.tree_cpu_ticks(workers)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    c0 = bl.tree_cpu_ticks([pid])[pid]
+    t0 = time.monotonic()
+    reads, still = -1.0, 0
+    while still < 3:  # the catch-up is over when the reads counted stop moving for 0.6 s
+        time.sleep(0.2)
+        got = bl.scrape(url, ("spokefs_reads_total",), sum_labels=True)
+        now = got.get("spokefs_reads_total", 0.0) - k0.get("spokefs_reads_total", 0.0)
+        still = still + 1 if now == reads else 0
+        reads = now
+        if time.monotonic() - t0 > deadline.timeout(120):
+            raise bl.BenchError("the coordinator's catch-up did not end within 120 s")
+    c1 = bl.tree_cpu_ticks([pid])[pid]
+    worker_s = sum(w1.get(p, 0) - w0.get(p, 0) for p in workers) / bl.CLK_TCK
+    coord_s = (c1 - c0) / bl.CLK_TCK
+    return wall, {"worker_cpu_s": worker_s, "coordinator_catch_up_cpu_s": coord_s,
+                  "reads_accounted": reads,
+                  "worker_ms_per_file": worker_s * 1000 / len(wl.rels),
+                  "coordinator_ms_per_hit": coord_s * 1000 / max(1.0, reads)}
 
 
 def survivors(pids: list[int], wait_s: float = 5.0) -> list[int]:
@@ -387,6 +437,9 @@ def figures_of(wl: Workload, p: dict[str, Any], local: dict[str, Any] | None) ->
         f["cpu_ms_per_file"] = p["spoke_cpu_s"] * 1000 / files
         f["cpu_s_per_gb"] = p["spoke_cpu_s"] / (nbytes / GB)
         f["spoke_busy_cores"] = p["spoke_cpu_s"] / p["wall_s"]
+    if "split" in p:
+        f["worker_ms_per_file"] = p["split"]["worker_ms_per_file"]
+        f["coordinator_ms_per_hit"] = p["split"]["coordinator_ms_per_hit"]
     return f
 
 
@@ -410,6 +463,8 @@ def run(args: argparse.Namespace, configs: list[Config], wls: list[Workload], ru
             for r in range(args.runs):
                 local: dict[str, Any] | None = None
                 for cfg in configs:
+                    if cfg.split and wl.name != "small":
+                        continue  # (a per-hit cost: measured on the small files)
                     tag = f"{wl.name}-{cfg.key}-{r}"
                     if cfg.workers:
                         p = spoke_pass(wl, cfg, hub, cache, run_dir, tag, deadline,
@@ -453,6 +508,10 @@ def report_pass(wl: Workload, p: dict[str, Any], problems: list[str]) -> None:
         if p["workers_left"]:
             problems.append(f"{where}: workers still running after the unmount: "
                             f"{p['workers_left']}")
+    if "split" in p:
+        line += (f"; split: worker {f['worker_ms_per_file']:.3f} ms/file, coordinator "
+                 f"{f['coordinator_ms_per_hit']:.3f} ms/hit over "
+                 f"{p['split']['reads_accounted']:.0f} reads")
     line += f"; machine {p['machine_busy_pct']:.0f} % busy"
     print(line, flush=True)
 
@@ -501,6 +560,14 @@ def tables(figs: dict[str, dict[str, bl.Figure]], configs: list[Config],
         title = (f"{wl.name}: {len(wl.rels)} files, {wl.total_bytes / 1e6:,.0f} MB, "
                  f"`{wl.command.format(root='ROOT')}`")
         out.append(title + "\n\n" + bl.markdown_table(head, rows))
+        d = figs.get(f"{wl.name}/w2-split")
+        if d:
+            out.append(bl.markdown_table(
+                ["w2 split: the coordinator stopped during the pass", "figure"],
+                [["files/s, the worker alone", d["files_per_s"].text("{:,.0f}")],
+                 ["worker CPU ms per file", d["worker_ms_per_file"].text("{:.3f}")],
+                 ["coordinator CPU ms per worker hit (its catch-up after SIGCONT)",
+                  d["coordinator_ms_per_hit"].text("{:.3f}")]]))
         scale = [[f"w2 / w1, spoke on {SCALE_LABELS[k.split('/', 1)[1]]}",
                   v["ratio"].text("{:.2f}")]
                  for k, v in figs.items() if k.startswith(f"{wl.name}/scale")]

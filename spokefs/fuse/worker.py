@@ -40,7 +40,7 @@ from spokefs.fuse.worker_channel import (
     WorkerSetup,
     receive_hello,
 )
-from spokefs.fuse.worker_reader import Calls, ForwardedControl, WorkerReader
+from spokefs.fuse.worker_reader import HIT_DELAY_S, Calls, ForwardedControl, WorkerReader
 from spokefs.namespace.replica import Namespace, NamespaceInfo
 from spokefs.shared_counter import SharedCounter
 
@@ -77,7 +77,8 @@ async def serve(setup: WorkerSetup, sock: socket.socket, mount_fd: int,
     ns = FollowingNamespace(cfg.cache_dir / "namespace", generation)
     chunks = ChunkReader.open_readonly(cfg.cache_dir / "blocks",
                                        BlockCache.bound_bytes(cfg.cache_max_bytes))
-    channel = Channel(trio.SocketStream(trio.socket.from_stdlib_socket(sock)))
+    channel = Channel(trio.SocketStream(trio.socket.from_stdlib_socket(sock)),
+                      collect_delay_s=HIT_DELAY_S)
     calls = Calls(channel)
     ops = SpokeOps(ns, WorkerReader(chunks, channel, calls), ForwardedControl(calls), cfg)
     session.join(ops, setup.init, mount_fd, setup.options)

@@ -11,9 +11,11 @@ Worker -> coordinator:
   (a miss, bytes only staged in the coordinator's memory, a block that failed its
   checksum). Answered with ``REPLY``.
 - ``XATTR (rid, ino, name, uid)``: a control attribute (``user.spokefs.*``). ``REPLY``.
-- ``HIT (file_id, offset, end, by_origin, seen, seconds)``: a read the worker served from
-  the cache: the coordinator does what its own reads do besides serving (the prefetcher,
-  the trace, visits for eviction, the metrics).
+- ``HIT (reads, by_origin, nbytes, seconds)``: the reads the worker served from the cache
+  since its last batch: ``reads`` a list of ``(file_id, offset, size, visits)``, then their
+  metric counts summed (blocks per origin, bytes) and each one's latency. The coordinator
+  does what its own reads do besides serving (the prefetcher, the trace, visits for
+  eviction, the metrics).
 - ``LISTED (dir_id)``: a directory is being listed (the prefetcher may fill it).
 
 Coordinator -> worker:
@@ -23,7 +25,11 @@ Coordinator -> worker:
 - ``BYE ()``: the mount is ending; exit without unmounting anything.
 
 Events (``HIT``, ``LISTED``) are queued and sent together by one task, so a busy worker makes
-one ``send`` per batch, not one per read.
+one ``send`` per batch, not one per read. Hits go as one ``HIT`` message per batch, taken from
+the worker's collector when the batch is sent (``queue_collected``), and a batch of hits waits
+up to ``collect_delay_s`` (5 ms in a worker) for more, or until 64 are gathered, or until a
+request goes out (which carries them ahead of itself): the coordinator pays per message, and
+without the wait a busy worker's batches held 1.1 hits.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import marshal
 import pickle
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,30 +90,63 @@ def _exactly(sock: socket.socket, n: int) -> bytes:
 class Channel:
     """Messages over one end of the socketpair (trio)."""
 
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.SocketStream, *, collect_delay_s: float = 0.0) -> None:
+        """Args:
+            collect_delay_s: how long ``send_queued`` lets collectors gather before it sends
+                what they have (unless an event or a full collector asks for it sooner).
+        """
         self._stream = stream
         self._buf = bytearray()
         self._send_lock = trio.Lock()
         self._queued: list[bytes] = []
+        self._collectors: dict[int, Callable[[], Any]] = {}
+        self._collect_delay_s = collect_delay_s
         self._queue_ready = trio.Event()
+        self._send_now = trio.Event()
 
     async def send(self, kind: int, body: Any) -> None:
-        """Send one message now (replies and requests: someone waits for it)."""
-        await self.send_raw(encode(kind, body))
+        """Send one message now (replies and requests: someone waits for it), after what the
+        collectors have gathered: the coordinator hears of a worker's hits before the miss
+        that follows them."""
+        message = encode(kind, body)
+        if self._collectors:
+            message = self._take_collected() + message
+        await self.send_raw(message)
 
     def queue(self, kind: int, body: Any) -> None:
         """Queue an event for ``send_queued`` (never blocks, never fails)."""
         self._queued.append(encode(kind, body))
         self._queue_ready.set()
+        self._send_now.set()
+
+    def queue_collected(self, kind: int, collect: Callable[[], Any], *,
+                        now: bool = False) -> None:
+        """Have a batch carry one ``kind`` message whose body ``collect()`` gives when the
+        batch is sent (what was gathered until then): within ``collect_delay_s``, at once
+        with ``now`` (the collector is full)."""
+        self._collectors[kind] = collect
+        self._queue_ready.set()
+        if now:
+            self._send_now.set()
 
     async def send_queued(self) -> None:
         """Send queued events, a batch per ``send``, until the channel closes."""
         while True:
             await self._queue_ready.wait()
+            if self._collect_delay_s and not self._send_now.is_set():
+                with trio.move_on_after(self._collect_delay_s):
+                    await self._send_now.wait()
             self._queue_ready = trio.Event()
+            self._send_now = trio.Event()
             batch, self._queued = self._queued, []
+            if self._collectors:
+                batch.append(self._take_collected())
             if batch:
                 await self.send_raw(b"".join(batch))
+
+    def _take_collected(self) -> bytes:
+        collectors, self._collectors = self._collectors, {}
+        return b"".join(encode(kind, collect()) for kind, collect in collectors.items())
 
     async def send_raw(self, data: bytes) -> None:
         async with self._send_lock:

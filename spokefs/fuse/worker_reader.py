@@ -4,12 +4,13 @@ mount's own process (the coordinator) over the worker's channel.
 A read looks in the block cache, read-only, in one read transaction that checks every
 block's checksum (``cache.chunk_reader``): inline, or in a thread when the bytes are not in
 RAM yet, as the coordinator's own reads do. A hit is answered at once and reported to the
-coordinator as an event (``HIT``), which does there what a read does besides serving: the
-prefetcher hears of it, the trace notes it, the chunks count as visited for eviction, the
-metrics count it. Anything else (a miss, bytes staged only in the coordinator's memory, a
-block that failed its checksum, an LMDB error) goes to the coordinator as a ``READ`` and is
-answered with what the coordinator's read path answers, errors included: so a worker never
-fetches, stages or stores anything, and never serves a byte it has not checked.
+coordinator in the next batch of hits (``HIT``, gathered by ``Hits``), which does there what a
+read does besides serving: the prefetcher hears of it, the trace notes it, the chunks count as
+visited for eviction, the metrics count it. Anything else (a miss, bytes staged only in the
+coordinator's memory, a block that failed its checksum, an LMDB error) goes to the coordinator
+as a ``READ`` and is answered with what the coordinator's read path answers, errors included:
+so a worker never fetches, stages or stores anything, and never serves a byte it has not
+checked.
 
 Part of the FUSE layer (docs/contributing.md): only these modules import pyfuse3.
 """
@@ -26,7 +27,7 @@ import lmdb
 import pyfuse3
 import trio
 
-from spokefs.cache.chunk_reader import ChunkReader, NotResident, ReadResult, Staged
+from spokefs.cache.chunk_reader import ORIGINS, ChunkReader, NotResident, ReadResult, Staged
 from spokefs.fuse.worker_channel import HIT, LISTED, READ, XATTR, Channel, ChannelClosed
 from spokefs.namespace.replica import Attr
 from spokefs.read.stream import Stream
@@ -35,6 +36,8 @@ from spokefs.types import FileVersion
 log = logging.getLogger(__name__)
 
 _DISK_THREADS = 8  # reads of bytes not in RAM at once, as the coordinator's own
+HIT_BATCH = 64  # hits that go to the coordinator at once, without waiting for more
+HIT_DELAY_S = 0.005  # what a hit waits at most for others to go with it (``worker_channel``)
 
 
 def _nothing_staged(key: bytes) -> list[Staged] | None:
@@ -96,6 +99,7 @@ class WorkerReader:
         self._channel = channel
         self._calls = calls
         self._disk = trio.CapacityLimiter(_DISK_THREADS)
+        self._hits = Hits()
 
     def open(self, fv: FileVersion, parent_id: int) -> Stream:
         return Stream(fv, parent_id)  # the access pattern is the coordinator's to keep
@@ -114,8 +118,9 @@ class WorkerReader:
         started = time.monotonic()
         found = await self._look(fv, offset, end)
         if found is not None and found.data is not None:
-            self._channel.queue(HIT, (fv.file_id, offset, size, found.by_origin,
-                                      found.visits(), time.monotonic() - started))
+            gathered = self._hits.add(fv.file_id, offset, size, end - offset, found,
+                                      time.monotonic() - started)
+            self._channel.queue_collected(HIT, self._hits.take, now=gathered >= HIT_BATCH)
             return found.data
         return await self._calls.call(READ, (fv.file_id, offset, size))
 
@@ -134,6 +139,36 @@ class WorkerReader:
         except lmdb.Error as exc:
             log.warning("could not read the block cache: %s", exc)
             return None
+
+
+class Hits:
+    """The hits since the last ``HIT`` message: each read's place and visits, and their
+    metric counts summed (see ``worker_channel``)."""
+
+    def __init__(self) -> None:
+        self._clear()
+
+    def _clear(self) -> None:
+        self._reads: list[tuple[int, int, int, list[Any]]] = []
+        self._by_origin = [0] * len(ORIGINS)
+        self._nbytes = 0
+        self._seconds: list[float] = []
+
+    def add(self, file_id: int, offset: int, size: int, nbytes: int, found: ReadResult,
+            seconds: float) -> int:
+        """Gather one hit; how many are gathered now."""
+        self._reads.append((file_id, offset, size, found.visits()))
+        for i, count in enumerate(found.by_origin):
+            self._by_origin[i] += count
+        self._nbytes += nbytes
+        self._seconds.append(seconds)
+        return len(self._reads)
+
+    def take(self) -> tuple[list[Any], list[int], int, list[float]]:
+        """The ``HIT`` body, and start again."""
+        body = (self._reads, self._by_origin, self._nbytes, self._seconds)
+        self._clear()
+        return body
 
 
 class ForwardedControl:

@@ -98,6 +98,7 @@ class Workers:
         self._channels: dict[int, Channel] = {}
         self._processes: dict[int, trio.Process] = {}
         self._stopping = False
+        self._batches = self._hit_reads = 0  # (logged at stop: how well hits are batched)
         metrics.WORKERS.set(0)
 
     def namespace_changed(self, generation: int) -> None:
@@ -117,6 +118,8 @@ class Workers:
     async def stop(self) -> None:
         """Say ``BYE`` to every worker and wait for them to exit (kill those that do not)."""
         self._stopping = True
+        log.info("took %d reads served by workers in %d HIT messages", self._hit_reads,
+                 self._batches)
         for channel in list(self._channels.values()):
             with contextlib.suppress(ChannelClosed):  # gone already
                 await channel.send(BYE, ())
@@ -199,7 +202,7 @@ class Workers:
                 process.kill()  # (closing the channel would tell it the coordinator is gone)
                 return
             if kind == HIT:
-                self._hit(*body)
+                self._hits(*body)
             elif kind == LISTED:
                 self._reader.on_readdir(body)
             elif kind == READ:
@@ -211,13 +214,17 @@ class Workers:
                 process.kill()
                 return
 
-    def _hit(self, file_id: int, offset: int, size: int, by_origin: list[int],
-             visits: list[Any], seconds: float) -> None:
-        try:
-            stream = self._ops.stream(self._ns.inode(file_id))
-        except SpokeError:
-            return  # gone since: nothing left to account it on
-        self._reader.served(stream, offset, size, by_origin, visits, seconds)
+    def _hits(self, reads: list[tuple[int, int, int, list[Any]]], by_origin: list[int],
+              nbytes: int, seconds: list[float]) -> None:
+        self._batches += 1
+        self._hit_reads += len(reads)
+        for file_id, offset, size, visits in reads:
+            try:
+                stream = self._ops.stream(self._ns.inode(file_id))
+            except SpokeError:
+                continue  # gone since: no stream left to note it on
+            self._reader.served(stream, offset, size, visits)
+        self._reader.account_served(by_origin, nbytes, seconds)
 
     async def _read(self, file_id: int, offset: int, size: int) -> bytes:
         fh = pyfuse3.FileHandleT(self._ns.inode(file_id))

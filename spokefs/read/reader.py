@@ -114,10 +114,10 @@ class Reader:
                  time.monotonic() - started)
         return data
 
-    def served(self, stream: Stream, offset: int, size: int, by_origin: list[int],
-               visits: list[Visit], seconds: float) -> None:
+    def served(self, stream: Stream, offset: int, size: int, visits: list[Visit]) -> None:
         """A read of ``stream`` that a serving worker answered from the cache (``fuse.workers``):
-        all that ``read`` does besides serving (prefetcher, trace, eviction, metrics)."""
+        all that ``read`` does besides serving and counting (prefetcher, trace, eviction);
+        ``account_served`` counts a batch of them."""
         fv = stream.fv
         end = min(offset + size, fv.size)
         if offset >= end:
@@ -126,7 +126,18 @@ class Reader:
         first, last = offset // BLOCK_SIZE, (end - 1) // BLOCK_SIZE
         self._source.visited(visits, first, last)
         self._source.note_used(fv, first, last)
-        _account(end - offset, by_origin, last - first + 1, 0, seconds)
+
+    @staticmethod
+    def account_served(by_origin: list[int], nbytes: int, seconds: list[float]) -> None:
+        """The metrics of a batch of reads a serving worker answered from the cache: blocks
+        found per origin and bytes summed, and each read's latency."""
+        _READS["cache"].inc(len(seconds))
+        for one in seconds:
+            metrics.READ_SECONDS.observe(one)
+        for child, count in zip(_HITS, by_origin, strict=True):
+            if count:
+                child.inc(count)
+        _READ_BYTES["cache"].inc(nbytes)
 
     def _noticed(self, stream: Stream, offset: int, size: int, end: int) -> None:
         """Tell the prefetcher where the reader is, and note the read in the trace."""

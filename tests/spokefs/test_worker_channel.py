@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from spokefs.cache.chunk_reader import ReadResult
 from spokefs.config import SpokeConfig
 from spokefs.fuse.worker_channel import (
     HELLO,
@@ -24,6 +25,7 @@ from spokefs.fuse.worker_channel import (
     WorkerSetup,
     encode,
 )
+from spokefs.fuse.worker_reader import Hits
 
 
 def pair() -> tuple[Channel, Channel, socket.socket]:
@@ -36,19 +38,26 @@ def pair() -> tuple[Channel, Channel, socket.socket]:
 async def test_requests_replies_and_queued_events_arrive_in_order() -> None:
     ours, theirs, raw = pair()
     raw.close()
+    hits = Hits()
+    found = ReadResult(data=b"d", seen=[(b"k" * 24, None)], by_origin=[1, 2, 0, 0])
     async with trio.open_nursery() as nursery:
         nursery.start_soon(theirs.send_queued)
         for i in range(300):  # (a test that sends more would need a reader running)
-            theirs.queue(HIT, (i, 0, 4096, [1, 0, 0, 0], [(b"k" * 24, True, 7)], 0.001))
-        theirs.queue(LISTED, 42)
+            theirs.queue(LISTED, i)
+            hits.add(i, 0, 4096, 4000, found, 0.001)
+            theirs.queue_collected(HIT, hits.take)
         await theirs.send(READ, (1, 99, 0, 131072))
         got = [await ours.receive() for _ in range(302)]
-        # a request goes out at once, maybe ahead of queued events; those keep their order
-        assert (READ, (1, 99, 0, 131072)) in got
-        events = [m for m in got if m[0] != READ]
-        assert [(k, b[0], b[3], b[4]) for k, b in events[:-1]] == [
-            (HIT, i, [1, 0, 0, 0], [(b"k" * 24, True, 7)]) for i in range(300)]
-        assert events[-1] == (LISTED, 42)
+        # a request goes out at once, maybe ahead of queued events, which keep their order;
+        # the 300 hits gathered before it are one message, and go just ahead of it
+        kinds = [k for k, _ in got]
+        assert kinds.index(HIT) + 1 == kinds.index(READ)
+        assert got[kinds.index(READ)] == (READ, (1, 99, 0, 131072))
+        assert got[kinds.index(HIT)] == (
+            HIT, ([(i, 0, 4096, [(b"k" * 24, None, 0)]) for i in range(300)],
+                  [300, 600, 0, 0], 300 * 4000, [0.001] * 300))
+        assert [m for m in got if m[0] == LISTED] == [(LISTED, i) for i in range(300)]
+        assert hits.take() == ([], [0, 0, 0, 0], 0, [])  # and the collector starts again
         replies: list[tuple[int, object]] = []
         replied = trio.Event()
 
@@ -101,3 +110,38 @@ def test_a_hello_that_is_not_a_setup_is_refused() -> None:
     import pickle
     with pytest.raises(ChannelBroken):
         WorkerSetup.decode(pickle.dumps({"not": "a setup"}))
+
+
+async def test_collected_messages_wait_for_company_but_not_longer_than_the_delay() -> None:
+    a, b = socket.socketpair()
+    ours = Channel(trio.SocketStream(trio.socket.from_stdlib_socket(a)))
+    theirs = Channel(trio.SocketStream(trio.socket.from_stdlib_socket(b)),
+                     collect_delay_s=0.2)
+    gathered: list[int] = []
+
+    def take() -> list[int]:
+        out = gathered[:]
+        gathered.clear()
+        return out
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(theirs.send_queued)
+        for now in (False, True):  # alone it waits the delay; a full collector goes at once
+            t0 = trio.current_time()
+            gathered.append(1)
+            theirs.queue_collected(HIT, take, now=now)
+            await trio.sleep(0.05)
+            gathered.append(2)
+            theirs.queue_collected(HIT, take)
+            assert await ours.receive() == (HIT, [1, 2] if not now else [1])
+            waited = trio.current_time() - t0
+            assert (waited >= 0.2) if not now else (waited < 0.2), (now, waited)
+            if now:
+                assert await ours.receive() == (HIT, [2])
+        t0 = trio.current_time()
+        gathered.append(3)
+        theirs.queue_collected(HIT, take)
+        theirs.queue(LISTED, 7)  # an event takes the gathered ones with it
+        assert [await ours.receive(), await ours.receive()] == [(LISTED, 7), (HIT, [3])]
+        assert trio.current_time() - t0 < 0.2
+        nursery.cancel_scope.cancel()
