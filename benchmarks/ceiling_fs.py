@@ -26,7 +26,11 @@ ceiling" look better than it was):
   to a power of two, so that a buffered reader's first read takes it in one FUSE READ).
 Nothing else: no cache, no network, no locks.
 
-    python benchmarks/ceiling_fs.py ROOT MNT [--open-mode kernel|handle]
+    python benchmarks/ceiling_fs.py ROOT MNT [--open-mode kernel|handle] [--count-requests F]
+
+With ``--count-requests F`` it counts the requests it answers, by operation, and writes them
+to F as JSON on SIGUSR1 (``bench_request_cost.py`` checks with them what the kernel sent; a
+dict increment per request, ~0.1 us against the tens of us a request costs).
 
 Prints ``ceiling_fs: mounted N files (B bytes) at MNT (open mode M, readdir R)`` once
 mounted; exits 0 after ``fusermount3 -u MNT`` or SIGTERM/SIGINT (then it unmounts itself).
@@ -38,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import os
 import signal
 import stat
@@ -189,6 +194,54 @@ class CeilingOps(pyfuse3.Operations):
         return None
 
 
+class CountingOps(CeilingOps):
+    """``CeilingOps`` that counts what it answers (``--count-requests``)."""
+
+    def __init__(self, nodes: dict[int, Node], kernel_open: bool) -> None:
+        super().__init__(nodes, kernel_open)
+        self.counts: dict[str, int] = {}
+
+    def _count(self, op: str) -> None:
+        self.counts[op] = self.counts.get(op, 0) + 1
+
+    async def lookup(self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT,
+                     ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        self._count("lookup")
+        return await super().lookup(parent_inode, name, ctx)
+
+    async def getattr(self, inode: pyfuse3.InodeT,
+                      ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        self._count("getattr")
+        return await super().getattr(inode, ctx)
+
+    async def open(self, inode: pyfuse3.InodeT, flags: int,
+                   ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        self._count("open")
+        return await super().open(inode, flags, ctx)
+
+    async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
+        self._count("read")
+        return await super().read(fh, off, size)
+
+    async def opendir(self, inode: pyfuse3.InodeT,
+                      ctx: pyfuse3.RequestContext) -> pyfuse3.FileHandleT:
+        self._count("opendir")
+        return await super().opendir(inode, ctx)
+
+    async def readdir(self, fh: pyfuse3.FileHandleT, start_id: int,
+                      token: pyfuse3.ReaddirToken) -> None:
+        self._count("readdir")
+        return await super().readdir(fh, start_id, token)
+
+
+async def _write_counts_on_signal(ops: CountingOps, path: Path) -> None:
+    with trio.open_signal_receiver(signal.SIGUSR1) as signals:
+        async for _ in signals:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(json.dumps(ops.counts))
+            tmp.replace(path)
+
+
 def set_readahead(mnt: Path, kib: int) -> None:
     """The mount's kernel read-ahead, as spokefs sets its own (default 128 KiB)."""
     target = os.path.abspath(mnt)
@@ -201,9 +254,11 @@ def set_readahead(mnt: Path, kib: int) -> None:
             print(f"ceiling_fs: read-ahead left at its default: {exc}", file=sys.stderr)
 
 
-async def _serve(ops: CeilingOps, mnt: Path) -> None:
+async def _serve(ops: CeilingOps, mnt: Path, counts_path: Path | None) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_terminate_on_signal)
+        if isinstance(ops, CountingOps) and counts_path is not None:
+            nursery.start_soon(_write_counts_on_signal, ops, counts_path)
         nursery.start_soon(_readahead_once_initialised, ops, mnt)
         await pyfuse3.main(min_tasks=2, max_tasks=MAX_TASKS)
         nursery.cancel_scope.cancel()
@@ -228,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--open-mode", choices=["kernel", "handle"],
                    default="kernel" if READ_INODE else "handle",
                    help="as the spoke's --open-mode (default: kernel where pyfuse3 allows it)")
+    p.add_argument("--count-requests", type=Path, metavar="F",
+                   help="count requests by operation; write them to F on SIGUSR1")
     args = p.parse_args(argv)
     if args.open_mode == "kernel" and not READ_INODE:
         p.error("--open-mode kernel needs the pyfuse3 that deploy/build-pyfuse3.sh builds")
@@ -235,13 +292,14 @@ def main(argv: list[str] | None = None) -> int:
     files = [n for n in nodes.values() if stat.S_ISREG(n.mode)]
     options = set(pyfuse3.default_options) | {"ro", "allow_other", "fsname=ceilingfs",
                                               "subtype=ceilingfs"}
-    ops = CeilingOps(nodes, args.open_mode == "kernel")
+    ops = (CountingOps if args.count_requests else CeilingOps)(nodes,
+                                                               args.open_mode == "kernel")
     pyfuse3.init(ops, str(args.mountpoint), options)
     try:
         print(f"ceiling_fs: mounted {len(files)} files ({sum(len(n.data) for n in files)} "
               f"bytes) at {args.mountpoint} (open mode {args.open_mode}, readdir "
               f"{'plain' if PLAIN_READDIR else 'plus'})", flush=True)
-        trio.run(_serve, ops, args.mountpoint)
+        trio.run(_serve, ops, args.mountpoint, args.count_requests)
     finally:
         pyfuse3.close(unmount=True)
     return 0

@@ -210,3 +210,22 @@ def test_bench_workers_smoke(tmp_path: Path) -> None:
     assert all(f["wrong"] == [] and f["checked"] > 0 for f in record["fills"].values())
     scale = next(g for g in record["grades"] if g["key"] == "small/scale-cpu01")
     assert scale["verdict"] in ("PASS", "MISS"), scale
+
+
+@pytest.mark.fuse
+def test_bench_request_cost_smoke(tmp_path: Path) -> None:
+    record = run_script("bench_request_cost.py", tmp_path, "--smoke", "--work-dir",
+                        str(tmp_path / "work"))
+    assert record["error"] is None and record["problems"] == [], record
+    passes = {p["server"]: p for p in record["passes"]}
+    assert set(passes) == {"ceiling", "w1", "w2"}
+    # the kernel sent the ceiling one request of the phase's kind per call, and nothing else
+    ceiling = passes["ceiling"]
+    for phase in ("lookup", "getattr", "read"):
+        assert ceiling[phase]["counted"] == {phase: 200}, ceiling[phase]
+    assert set(ceiling["readdir"]["counted"]) == {"readdir"}, ceiling["readdir"]
+    assert passes["w1"]["read"]["counted"]["read"] == 200, passes["w1"]
+    for server, p in passes.items():
+        for phase in ("readdir", "lookup", "getattr", "read"):
+            assert p[phase]["cpu_ns"] > 0 and p[phase]["requests"] > 0, (server, phase, p)
+    assert all(f["samples"] for f in record["figures"].values()), record["figures"]
