@@ -5,7 +5,7 @@ pyfuse3 filesystem (``ceiling_fs.py``) with the same open mode (issue 22, delive
 Data: ``--files`` files of 128 KiB of random bytes in ``--dirs`` directories (default 4,000
 in 40), under ``--work-dir``, served by a hubd on loopback. The spoke's cache is filled once
 per invocation by a cold pass that checks every byte. Then ``--runs`` times, each server of
-``--servers`` in turn (``ceiling``, ``w1``: the spoke alone, ``w2``: the spoke and one worker),
+``--servers`` in turn (``ceiling``, ``w1``: the spoke alone, ``wN``: the spoke and N-1 workers),
 each on a fresh mount (for the spoke a remount of the filled cache, ``--open-mode kernel``),
 page cache, dentries and inodes dropped, these phases, each one syscall per name:
 
@@ -26,7 +26,7 @@ thread that leaves a thread cache mid-phase was idle) / the requests. Medians
 (min-max) over runs; one JSON line to benchmarks/results/request_cost.jsonl.
 
     python benchmarks/bench_request_cost.py [--runs 3] [--files 4000] [--dirs 40]
-        [--servers ceiling,w1,w2] [--work-dir /var/tmp/spokefs-request-cost]
+        [--servers ceiling,w1,w2,w3] [--work-dir /var/tmp/spokefs-request-cost]
         [--results FILE] [--smoke]
 
 Needs root (drop_caches, allow_other), fusermount3, the patched pyfuse3. ``--smoke``: 200
@@ -41,6 +41,7 @@ import ctypes
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -56,7 +57,7 @@ import benchlib as bl  # noqa: E402
 RESULTS = HERE / "results" / "request_cost.jsonl"
 FILE_BYTES = 128 * 1024
 PHASES = ("readdir", "lookup", "getattr", "read")
-SERVERS = ("ceiling", "w1", "w2")
+SERVERS = ("ceiling", "w1", "w2")  # the default; any wN (N processes serving) may be asked
 AT_FDCWD, AT_STATX_FORCE_SYNC, STATX_BASIC_STATS = -100, 0x2000, 0x7FF
 WORKERS_WAIT_S = 60.0
 WARM_FILE = Path("warm-up") / "first.bin"  # opened before the phases, outside them
@@ -253,8 +254,9 @@ def main() -> int:
     if args.smoke:
         args.runs, args.files, args.dirs = 1, 200, 4
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
-    if not servers or any(s not in SERVERS for s in servers):
-        raise SystemExit(f"--servers: a list of {', '.join(SERVERS)}")
+    if not servers or any(s != "ceiling" and re.fullmatch(r"w[1-8]", s) is None
+                          for s in servers):
+        raise SystemExit("--servers: a list of ceiling and w1..w8")
     if "ceiling" not in servers:
         raise SystemExit("--servers: the ceiling counts the requests: keep it in")
     deadline = bl.Deadline(args.max_seconds)
@@ -300,8 +302,9 @@ def main() -> int:
         shutil.rmtree(run_dir, ignore_errors=True)
     rows, figures = [], {}
     for server in servers:
-        row = [{"ceiling": "ceiling_fs (minimal pyfuse3)", "w1": "spoke, 1 process",
-                "w2": "spoke, coordinator + 1 worker"}[server]]
+        row = ["ceiling_fs (minimal pyfuse3)" if server == "ceiling" else
+               "spoke, 1 process" if server == "w1" else
+               f"spoke, coordinator + {int(server[1]) - 1} worker(s)"]
         for name in PHASES:
             fig = bl.Figure()
             for p in record["passes"]:
