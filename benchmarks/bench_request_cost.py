@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """CPU per FUSE request, by operation: the spoke (one process and two) beside the minimal
-pyfuse3 filesystem (``ceiling_fs.py``) with the same open mode (issue 22, deliverable 4).
+pyfuse3 filesystem (``ceiling_fs.py``) with the same open mode (issue 22, deliverable 4), and
+the same filesystem in C on libfuse (``ceiling_native.c``: what a request costs when no Python
+runs, the floor a native read loop would start from).
 
 Data: ``--files`` files of 128 KiB of random bytes in ``--dirs`` directories (default 4,000
 in 40), under ``--work-dir``, served by a hubd on loopback. The spoke's cache is filled once
 per invocation by a cold pass that checks every byte. Then ``--runs`` times, each server of
-``--servers`` in turn (``ceiling``, ``w1``: the spoke alone, ``wN``: the spoke and N-1 workers),
+``--servers`` in turn (``ceiling``, ``native``: ``ceiling_native.c`` compiled with ``cc`` into
+the work dir, skipped with a note where it cannot be built; ``w1``: the spoke alone, ``wN``: the
+spoke and N-1 workers),
 each on a fresh mount (for the spoke a remount of the filled cache, ``--open-mode kernel``),
 page cache, dentries and inodes dropped, these phases, each one syscall per name:
 
@@ -26,7 +30,7 @@ thread that leaves a thread cache mid-phase was idle) / the requests. Medians
 (min-max) over runs; one JSON line to benchmarks/results/request_cost.jsonl.
 
     python benchmarks/bench_request_cost.py [--runs 3] [--files 4000] [--dirs 40]
-        [--servers ceiling,w1,w2,w3] [--work-dir /var/tmp/spokefs-request-cost]
+        [--servers ceiling,native,w1,w2,w3] [--work-dir /var/tmp/spokefs-request-cost]
         [--results FILE] [--smoke]
 
 Needs root (drop_caches, allow_other), fusermount3, the patched pyfuse3. ``--smoke``: 200
@@ -44,6 +48,7 @@ import random
 import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,7 +62,8 @@ import benchlib as bl  # noqa: E402
 RESULTS = HERE / "results" / "request_cost.jsonl"
 FILE_BYTES = 128 * 1024
 PHASES = ("readdir", "lookup", "getattr", "read")
-SERVERS = ("ceiling", "w1", "w2")  # the default; any wN (N processes serving) may be asked
+SERVERS = ("ceiling", "native", "w1", "w2")  # the default; any wN may be asked
+NATIVE_READY_RE = re.compile(r"^ceiling_native: mounted (\d+) files")
 AT_FDCWD, AT_STATX_FORCE_SYNC, STATX_BASIC_STATS = -100, 0x2000, 0x7FF
 WORKERS_WAIT_S = 60.0
 WARM_FILE = Path("warm-up") / "first.bin"  # opened before the phases, outside them
@@ -176,6 +182,36 @@ def ceiling_pass(data: Path, rels: list[Path], dirs: list[str], run_dir: Path,
         return measure(mnt, rels, dirs, [m.pid], counts)
 
 
+def build_native(work: Path) -> Path | str:
+    """``ceiling_native.c`` compiled into ``work``: its path, or why it could not be."""
+    if shutil.which("cc") is None:
+        return "no C compiler (cc)"
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True,
+                           text=True, check=False)
+    if flags.returncode != 0:
+        return "no libfuse3 development files (pkg-config fuse3)"
+    out = work / "ceiling_native"
+    done = subprocess.run(["cc", "-O2", "-o", str(out), str(HERE / "ceiling_native.c"),
+                           *flags.stdout.split()], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return f"cc failed: {done.stderr.strip()[-300:]}"
+    return out
+
+
+def native_pass(binary: Path, data: Path, rels: list[Path], dirs: list[str], run_dir: Path,
+                deadline: bl.Deadline) -> dict[str, Any]:
+    mnt = run_dir / "mnt-native"
+    with bl.fuse_process("ceiling_native", [str(binary), str(data), str(mnt)], mnt,
+                         run_dir / "native.log", NATIVE_READY_RE, deadline,
+                         start_timeout_s=600) as m:
+        time.sleep(0.5)
+        bl.drop_caches()
+        got = measure(mnt, rels, dirs, [m.pid], lambda: None)
+    if not (m.result and m.result.clean):
+        raise bl.BenchError("ceiling_native did not unmount cleanly")
+    return got
+
+
 def spoke_pass(workers: int, hub: bl.Hub, cache: Path, rels: list[Path], dirs: list[str],
                run_dir: Path, tag: str, deadline: bl.Deadline) -> dict[str, Any]:
     mnt = run_dir / "mnt-spoke"
@@ -254,11 +290,12 @@ def main() -> int:
     if args.smoke:
         args.runs, args.files, args.dirs = 1, 200, 4
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
-    if not servers or any(s != "ceiling" and re.fullmatch(r"w[1-8]", s) is None
+    if not servers or any(s not in ("ceiling", "native") and re.fullmatch(r"w[1-8]", s) is None
                           for s in servers):
-        raise SystemExit("--servers: a list of ceiling and w1..w8")
+        raise SystemExit("--servers: a list of ceiling, native and w1..w8")
     if "ceiling" not in servers:
         raise SystemExit("--servers: the ceiling counts the requests: keep it in")
+    servers.sort(key=lambda s: s != "ceiling")  # first: the others take its counts
     deadline = bl.Deadline(args.max_seconds)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     data = args.work_dir / f"data-{args.files}x{args.dirs}-s{args.seed}-v2"
@@ -268,6 +305,11 @@ def main() -> int:
     record |= {"config": {k: str(v) for k, v in vars(args).items() if k != "results"},
                "open_mode": "kernel", "passes": [], "problems": [], "error": None}
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=args.work_dir))
+    native = build_native(run_dir) if "native" in servers else None
+    if isinstance(native, str):
+        record["notes"] = [f"native: not run: {native}"]
+        print(f"native: not run: {native}", flush=True)
+        servers.remove("native")
     try:
         with bl.run_hub(data, run_dir / "hubd.log", deadline) as hub:
             cache = run_dir / "cache"
@@ -277,6 +319,11 @@ def main() -> int:
                 for server in servers:
                     if server == "ceiling":
                         got = ceiling = ceiling_pass(data, rels, dirs, run_dir, deadline)
+                    elif server == "native":
+                        assert isinstance(native, Path) and ceiling is not None
+                        got = native_pass(native, data, rels, dirs, run_dir, deadline)
+                        for name in PHASES:
+                            got[name]["requests"] = ceiling[name]["requests"]
                     else:
                         got = spoke_pass(int(server[1]), hub, cache, rels, dirs, run_dir,
                                          f"{server}-{r}", deadline)
@@ -286,7 +333,8 @@ def main() -> int:
                     if server == "ceiling":
                         for name in PHASES:
                             got[name]["requests"] = sum(got[name]["counted"].values())
-                    check_counts(server, got, rels, dirs, record["problems"])
+                    if server != "native":
+                        check_counts(server, got, rels, dirs, record["problems"])
                     record["passes"].append({"server": server, "run": r, **got})
                     print(f"run {r} {server}: " + ", ".join(
                         f"{n} {got[n]['cpu_ns'] / 1000 / got[n]['requests']:.1f} us"
@@ -303,6 +351,7 @@ def main() -> int:
     rows, figures = [], {}
     for server in servers:
         row = ["ceiling_fs (minimal pyfuse3)" if server == "ceiling" else
+               "ceiling_native (the same in C, libfuse)" if server == "native" else
                "spoke, 1 process" if server == "w1" else
                f"spoke, coordinator + {int(server[1]) - 1} worker(s)"]
         for name in PHASES:
