@@ -230,3 +230,18 @@ def test_bench_request_cost_smoke(tmp_path: Path) -> None:
         for phase in ("readdir", "lookup", "getattr", "read"):
             assert p[phase]["cpu_ns"] > 0 and p[phase]["requests"] > 0, (server, phase, p)
     assert all(f["samples"] for f in record["figures"].values()), record["figures"]
+
+
+@pytest.mark.fuse
+def test_bench_pipeline_smoke(tmp_path: Path) -> None:
+    record = run_script("bench_pipeline.py", tmp_path, "--smoke", "--work-dir",
+                        str(tmp_path / "work"))
+    assert record["error"] is None and record["problems"] == [], record
+    passes = {(p["mode"], p["config"]): p for p in record["passes"]}
+    assert set(passes) == {("io", "local"), ("io", "w1"), ("io", "w2")}
+    for (_mode, config), p in passes.items():
+        assert p["samples"] == 120, p  # every file, through a real DataLoader
+        if config != "local":  # warm after the remount: nothing fetched, one READ per file
+            assert p["counters"]["block_misses_total"] == 0 and p["reads_per_file"] == 1.0, p
+            assert p["unmount"] == {"clean": True, "exit_code": 0}, p
+    check_grades(record)  # the jpeg goal: NOT MEASURED in a smoke run, never a pass
