@@ -15,7 +15,8 @@ mode of ``--modes`` and each configuration in turn:
   clean exit 0 and no block fetched required.
 
 Modes, each a DataLoader with ``--loader-workers`` workers (4) and batches of 64, in a child
-process (``--epoch``) that prints its figures as JSON:
+process (``pipeline_epoch.py``, which imports only torch, torchvision and PIL) that prints its
+figures as JSON:
 
 - ``io``: a dataset returning each file's bytes (open, read, close): the I/O of a pipeline;
 - ``jpeg``: ``torchvision.datasets.ImageFolder`` with ``RandomResizedCrop(224)``,
@@ -52,49 +53,13 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import benchlib as bl  # noqa: E402  (standard library only: the epoch child imports it too)
+import benchlib as bl  # noqa: E402
 
 RESULTS = HERE / "results" / "pipeline.jsonl"
-BATCH = 64
 WORKERS_WAIT_S = 60.0
 ISSUE = "issue 22: Every core of a training node: one mount served by several workers"
 G_PIPE = ("The real pipeline (ImageFolder, real JPEGs, 4 DataLoader workers) after a remount: "
           ">= 0.97 of local.")
-
-
-# -- the epoch, in a child process (it imports only torch, torchvision, PIL) -----------------
-
-
-def epoch(mode: str, root: Path, loader_workers: int) -> dict[str, Any]:
-    import torch
-    from torch.utils.data import DataLoader, Dataset
-
-    class Bytes(Dataset):  # type: ignore[type-arg]
-        def __init__(self, root: Path) -> None:
-            self.paths = sorted(p for p in root.rglob("*.jpg"))
-
-        def __len__(self) -> int:
-            return len(self.paths)
-
-        def __getitem__(self, i: int) -> int:
-            with open(self.paths[i], "rb") as f:
-                return len(f.read())
-
-    if mode == "io":
-        ds: Any = Bytes(root)
-    else:
-        from torchvision import datasets, transforms
-        ds = datasets.ImageFolder(str(root), transforms.Compose([
-            transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip(),
-            transforms.ToTensor(),
-            transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])]))
-    torch.manual_seed(0)
-    loader = DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=loader_workers,
-                        persistent_workers=False)
-    t0, n = time.perf_counter(), 0
-    for batch in loader:
-        n += len(batch[0]) if mode == "jpeg" else len(batch)
-    return {"samples": n, "seconds": time.perf_counter() - t0}
 
 
 # -- data ---------------------------------------------------------------------------------
@@ -134,7 +99,7 @@ def make_data(root: Path, files: int, dirs: int, seed: int) -> list[Path]:
 
 def run_epoch(python: str, mode: str, root: Path, args: argparse.Namespace,
               deadline: bl.Deadline) -> dict[str, Any]:
-    done = subprocess.run([python, str(Path(__file__).resolve()), "--epoch", mode, str(root),
+    done = subprocess.run([python, str(HERE / "pipeline_epoch.py"), mode, str(root),
                            "--loader-workers", str(args.loader_workers)],
                           capture_output=True, text=True, check=False,
                           timeout=deadline.timeout(1800))
@@ -201,7 +166,6 @@ def torch_python_for(mode: str, args: argparse.Namespace) -> str | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--epoch", nargs=2, metavar=("MODE", "ROOT"), help=argparse.SUPPRESS)
     ap.add_argument("--loader-workers", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--modes", default="io,jpeg")
@@ -215,9 +179,6 @@ def main() -> int:
     ap.add_argument("--max-seconds", type=float, default=3600.0)
     ap.add_argument("--smoke", action="store_true", help="120 files, 1 run, io only")
     args = ap.parse_args()
-    if args.epoch:
-        print(json.dumps(epoch(args.epoch[0], Path(args.epoch[1]), args.loader_workers)))
-        return 0
     if args.smoke:
         args.runs, args.files, args.dirs, args.modes = 1, 120, 4, "io"
     modes = [m for m in args.modes.split(",") if m]
