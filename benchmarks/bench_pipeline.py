@@ -58,7 +58,6 @@ sys.path.insert(0, str(HERE))
 import benchlib as bl  # noqa: E402
 
 RESULTS = HERE / "results" / "pipeline.jsonl"
-WORKERS_WAIT_S = 60.0
 ISSUE = "issue 22: Every core of a training node: one mount served by several workers"
 G_PIPE = ("The real pipeline (ImageFolder, real JPEGs, 4 DataLoader workers) after a remount: "
           ">= 0.97 of local.")
@@ -107,7 +106,7 @@ def run_epoch(python: str, mode: str, root: Path, args: argparse.Namespace,
                           timeout=deadline.timeout(1800))
     if done.returncode != 0:
         raise bl.BenchError(f"the {mode} epoch over {root} exited {done.returncode}: "
-                              f"{done.stderr.strip()[-800:]}")
+                            f"{done.stderr.strip()[-800:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -120,12 +119,7 @@ def spoke_epoch(python: str, mode: str, workers: int, hub: Any, cache: Path,
     mnt = run_dir / "mnt"
     with bl.spoke_mount(hub.url, mnt, cache, run_dir / f"spokefs-{tag}.log", deadline,
                         extra_args=["--workers", str(workers), "--open-mode", "kernel"]) as m:
-        end = time.monotonic() + WORKERS_WAIT_S
-        while bl.scrape(m.metrics_url, ("spokefs_workers",)).get("spokefs_workers") \
-                != workers - 1:
-            if time.monotonic() > end:
-                raise bl.BenchError(f"the spoke's workers did not come up ({tag})")
-            time.sleep(0.05)
+        bl.wait_workers(m.metrics_url, workers - 1, m.pid, deadline)
         time.sleep(0.5)
         bl.drop_caches()
         pids = bl.tree_pids(m.pid)
@@ -248,6 +242,7 @@ def main() -> int:
                         if cfg == "local":
                             local = got
                         else:
+                            assert local is not None  # (configs start with local)
                             got["ratio"] = got["samples_per_s"] / local["samples_per_s"]
                             got["cpu_ms_per_sample"] = got["spoke_cpu_s"] * 1000 / len(rels)
                         if cfg.startswith("w"):

@@ -65,7 +65,6 @@ PHASES = ("readdir", "lookup", "getattr", "read")
 SERVERS = ("ceiling", "native", "w1", "w2")  # the default; any wN may be asked
 NATIVE_READY_RE = re.compile(r"^ceiling_native: mounted (\d+) files")
 AT_FDCWD, AT_STATX_FORCE_SYNC, STATX_BASIC_STATS = -100, 0x2000, 0x7FF
-WORKERS_WAIT_S = 60.0
 WARM_FILE = Path("warm-up") / "first.bin"  # opened before the phases, outside them
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -126,7 +125,10 @@ def phases(mnt: Path, rels: list[Path], dirs: list[str]) -> dict[str, Any]:
     paths = [bytes(mnt / rel) for rel in rels]
     out["readdir"] = lambda: [os.listdir(mnt / d) for d in dirs]
     out["lookup"] = lambda: [os.stat(p) for p in paths]
-    out["getattr"] = lambda: [statx_sync(p) for p in paths]
+    def getattr_all() -> None:
+        for p in paths:
+            statx_sync(p)
+    out["getattr"] = getattr_all
 
     def read_all() -> None:
         for p in paths:
@@ -217,12 +219,7 @@ def spoke_pass(workers: int, hub: bl.Hub, cache: Path, rels: list[Path], dirs: l
     mnt = run_dir / "mnt-spoke"
     with bl.spoke_mount(hub.url, mnt, cache, run_dir / f"spokefs-{tag}.log", deadline,
                         extra_args=["--workers", str(workers), "--open-mode", "kernel"]) as m:
-        end = time.monotonic() + WORKERS_WAIT_S
-        while bl.scrape(m.metrics_url, ("spokefs_workers",)).get("spokefs_workers") \
-                != workers - 1:
-            if time.monotonic() > end:
-                raise bl.BenchError(f"the spoke's workers did not come up ({tag})")
-            time.sleep(0.05)
+        bl.wait_workers(m.metrics_url, workers - 1, m.pid, deadline)
         time.sleep(0.5)
         bl.drop_caches()
         pids = bl.tree_pids(m.pid)

@@ -85,7 +85,6 @@ SMOKE_CONFIGS = "local,w1,w2,w2-cpu0,w1-cpu01,w2-cpu01,w2-split"
 SMALL_CMD = "find {root} -type f | xargs -P 8 -n 64 cat > /dev/null"
 SEQ_CMD = "find {root} -type f -name 'shard-*' | xargs -P 4 -n 1 cat > /dev/null"
 SAMPLE_FILES, SAMPLE_SHARD_BYTES = 64, 8 * MIB
-WORKERS_WAIT_S = 60.0
 SCALE_LABELS = {"scale-any": "any CPU", "scale-cpu0": "CPU 0", "scale-cpu01": "CPUs 0,1"}
 SETTLE_S = 0.5  # after the workers are up: the remount's first namespace poll
 
@@ -281,20 +280,6 @@ COUNTERS = ("spokefs_reads_total", "spokefs_block_misses_total", "spokefs_fuse_e
             "spokefs_worker_restarts_total", "spokefs_read_bytes_total")
 
 
-def wait_workers(url: str | None, want: int, pid: int, deadline: bl.Deadline) -> float:
-    """Wait until the spoke's ``spokefs_workers`` gauge reads ``want``; seconds waited."""
-    t0 = time.monotonic()
-    end = t0 + deadline.timeout(WORKERS_WAIT_S)
-    while True:
-        got = bl.scrape(url, ("spokefs_workers",)).get("spokefs_workers")
-        if got == want:
-            return time.monotonic() - t0
-        if time.monotonic() > end:
-            raise bl.BenchError(f"spokefs_workers is {got}, not {want}, after "
-                                f"{WORKERS_WAIT_S:.0f} s (children: {bl.tree_pids(pid)[1:]})")
-        time.sleep(0.05)
-
-
 def cpus_allowed(pid: int) -> str | None:
     """A process's ``Cpus_allowed_list`` (``0``, ``0-1``)."""
     try:
@@ -324,7 +309,7 @@ def spoke_pass(wl: Workload, cfg: Config, hub: bl.Hub, cache: Path, run_dir: Pat
     out: dict[str, Any] = {}
     with bl.spoke_mount(hub.url, mnt, cache, run_dir / "logs" / f"spokefs-{tag}.log", deadline,
                         extra_args=extra, wrapper=cfg.wrapper()) as m:
-        out["workers_wait_s"] = round(wait_workers(m.metrics_url, cfg.workers - 1, m.pid,
+        out["workers_wait_s"] = round(bl.wait_workers(m.metrics_url, cfg.workers - 1, m.pid,
                                                    deadline), 2)
         out["cpus_allowed"] = {str(p): cpus_allowed(p) for p in bl.tree_pids(m.pid)}
         time.sleep(SETTLE_S)

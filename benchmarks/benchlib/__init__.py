@@ -55,6 +55,7 @@ from .meters import (
     top_processes,
     tree_cpu_ticks,
     tree_pids,
+    wait_workers,
 )
 from .procs import (
     CEILING_READY_RE,
@@ -103,5 +104,5 @@ __all__ = [
     "link_counters", "machine_ticks", "markdown_table", "open_link", "print_goals",
     "proc_cpu_ticks", "rclone_mount", "rclone_serve", "run_hub", "run_info", "save_record",
     "scrape", "spoke_mount", "top_processes", "tree_cpu_ticks", "tree_pids", "unmount",
-    "wait_mounted", "wait_port", "which",
+    "wait_mounted", "wait_port", "wait_workers", "which",
 ]

@@ -1,6 +1,6 @@
 """Meters around a pass: CPU of given processes and of the machine (``CpuMeter``,
 ``proc_cpu_ticks``, ``machine_ticks``, ``all_ticks``/``top_processes``), a sampler thread for
-any columns (``Series``), and Prometheus text endpoints (``scrape``)."""
+any columns (``Series``), and Prometheus text endpoints (``scrape``, ``wait_workers``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from .common import BenchError, Deadline
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+WORKERS_WAIT_S = 60.0
 
 
 def proc_cpu_ticks(pid: int) -> int:
@@ -160,3 +163,18 @@ def scrape(url: str | None, prefixes: tuple[str, ...] = ("",), sum_labels: bool 
         with contextlib.suppress(ValueError):
             out[key] = out.get(key, 0.0) + float(value) if sum_labels else float(value)
     return out
+
+
+def wait_workers(url: str | None, want: int, pid: int, deadline: Deadline) -> float:
+    """Wait until a spoke's ``spokefs_workers`` gauge reads ``want`` (its ``--workers`` less
+    one are serving); the seconds waited. Raises BenchError after ``WORKERS_WAIT_S``."""
+    t0 = time.monotonic()
+    end = t0 + deadline.timeout(WORKERS_WAIT_S)
+    while True:
+        got = scrape(url, ("spokefs_workers",)).get("spokefs_workers")
+        if got == want:
+            return time.monotonic() - t0
+        if time.monotonic() > end:
+            raise BenchError(f"spokefs_workers is {got}, not {want}, after "
+                             f"{WORKERS_WAIT_S:.0f} s (children: {tree_pids(pid)[1:]})")
+        time.sleep(0.05)
