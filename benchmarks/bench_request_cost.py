@@ -19,7 +19,10 @@ page cache, dentries and inodes dropped, these phases, each one syscall per name
 - ``getattr``: ``statx(AT_STATX_FORCE_SYNC)`` of every file: one GETATTR each, however long
   the attribute timeout;
 - ``read``: open, ``pread`` of 128 KiB, close: one READ of a whole cached 128 KiB file (the
-  kernel opens files itself: no OPEN, FLUSH or RELEASE).
+  kernel opens files itself: no OPEN, FLUSH or RELEASE);
+- ``read-again``: the same after ``posix_fadvise(DONTNEED)`` of the file: the kernel's copy
+  is gone, so the READ reaches the server again, whose own bytes (the spoke's LMDB pages) are
+  in RAM now: the READ's cost without the disk.
 
 The requests of a phase are counted by the ceiling (``--count-requests``: what the kernel sent
 it) and checked against what the phase asks; the spoke's mount has the same options and
@@ -61,7 +64,7 @@ import benchlib as bl  # noqa: E402
 
 RESULTS = HERE / "results" / "request_cost.jsonl"
 FILE_BYTES = 128 * 1024
-PHASES = ("readdir", "lookup", "getattr", "read")
+PHASES = ("readdir", "lookup", "getattr", "read", "read-again")
 SERVERS = ("ceiling", "native", "w1", "w2")  # the default; any wN may be asked
 NATIVE_READY_RE = re.compile(r"^ceiling_native: mounted (\d+) files")
 AT_FDCWD, AT_STATX_FORCE_SYNC, STATX_BASIC_STATS = -100, 0x2000, 0x7FF
@@ -139,6 +142,17 @@ def phases(mnt: Path, rels: list[Path], dirs: list[str]) -> dict[str, Any]:
             finally:
                 os.close(fd)
     out["read"] = read_all
+
+    def read_again() -> None:
+        for p in paths:
+            fd = os.open(p, os.O_RDONLY)
+            try:  # the kernel's copy of the file goes, the server's stays in RAM
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                if len(os.pread(fd, FILE_BYTES, 0)) != FILE_BYTES:
+                    raise bl.BenchError(f"{p!r}: short read")
+            finally:
+                os.close(fd)
+    out["read-again"] = read_again
     return out
 
 
@@ -249,7 +263,8 @@ def fill(hub: bl.Hub, data: Path, cache: Path, rels: list[Path], run_dir: Path,
         raise bl.BenchError("the filling spoke did not unmount cleanly")
 
 
-EXPECTED = {"readdir": "readdir", "lookup": "lookup", "getattr": "getattr", "read": "read"}
+EXPECTED = {"readdir": "readdir", "lookup": "lookup", "getattr": "getattr", "read": "read",
+            "read-again": "read"}
 
 
 def check_counts(server: str, got: dict[str, Any], rels: list[Path], dirs: list[str],
@@ -258,15 +273,17 @@ def check_counts(server: str, got: dict[str, Any], rels: list[Path], dirs: list[
     aside); the spoke's READs and errors likewise."""
     for name in PHASES:
         counted = got[name]["counted"] or {}
-        want = {"lookup": len(rels), "getattr": len(rels), "read": len(rels)}.get(name)
+        want = {"lookup": len(rels), "getattr": len(rels), "read": len(rels),
+                "read-again": len(rels)}.get(name)
+        kind = EXPECTED[name]
         if server == "ceiling":
-            other = {k: v for k, v in counted.items() if k != EXPECTED[name]}
-            if other or (want is not None and counted.get(name) != want) or \
+            other = {k: v for k, v in counted.items() if k != kind}
+            if other or (want is not None and counted.get(kind) != want) or \
                     (name == "readdir" and counted.get("readdir", 0) < len(dirs)):
                 problems.append(f"ceiling {name}: the kernel sent {counted}, not "
                                 f"{want or 'a READDIR or more per directory'} {name}")
         else:
-            if name == "read" and counted.get("read") != want:
+            if kind == "read" and counted.get("read") != want:
                 problems.append(f"{server} read: {counted.get('read')} READs, not {want}")
             if counted.get("blocks_fetched") or counted.get("errors"):
                 problems.append(f"{server} {name}: {counted}")
@@ -361,7 +378,8 @@ def main() -> int:
         rows.append(row)
     print("\nCPU per request, us (median (min-max) of "
           f"{args.runs}; {args.files} files of 128 KiB, open mode kernel)\n")
-    print(bl.markdown_table(["server", *(f"{n.upper()}" for n in PHASES)], rows))
+    print(bl.markdown_table(["server", "READDIR", "LOOKUP", "GETATTR", "READ",
+                             "READ, bytes in RAM"], rows))
     record["figures"] = figures
     for p in record["problems"]:
         print(f"problem: {p}", flush=True)
