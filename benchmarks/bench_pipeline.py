@@ -117,11 +117,8 @@ def spoke_epoch(python: str, mode: str, workers: int, hub: Any, cache: Path,
                 run_dir: Path, tag: str, args: argparse.Namespace, deadline: Any
                 ) -> dict[str, Any]:
     mnt = run_dir / "mnt"
-    with bl.spoke_mount(hub.url, mnt, cache, run_dir / f"spokefs-{tag}.log", deadline,
-                        extra_args=["--workers", str(workers), "--open-mode", "kernel"]) as m:
-        bl.wait_workers(m.metrics_url, workers - 1, m.pid, deadline)
-        time.sleep(0.5)
-        bl.drop_caches()
+    with bl.warm_spoke(hub.url, mnt, cache, run_dir / f"spokefs-{tag}.log", deadline,
+                       workers) as m:
         pids = bl.tree_pids(m.pid)
         c0 = bl.tree_cpu_ticks(pids)
         k0 = bl.scrape(m.metrics_url, COUNTERS, sum_labels=True)
@@ -149,17 +146,6 @@ def ceiling_epoch(python: str, mode: str, data: Path, run_dir: Path,
     if not (m.result and m.result.clean):
         raise bl.BenchError("ceiling_fs did not unmount cleanly")
     return got
-
-
-def fill(hub: Any, data: Path, cache: Path, rels: list[Path], run_dir: Path,
-         deadline: Any) -> None:
-    mnt = run_dir / "mnt"
-    with bl.spoke_mount(hub.url, mnt, cache, run_dir / "spokefs-fill.log", deadline) as m:
-        for rel in rels:
-            if (mnt / rel).read_bytes() != (data / rel).read_bytes():
-                raise bl.BenchError(f"{rel}: wrong bytes through the spoke")
-    if not (m.result and m.result.clean):
-        raise bl.BenchError("the filling spoke did not unmount cleanly")
 
 
 def torch_python_for(mode: str, args: argparse.Namespace) -> str | None:
@@ -219,7 +205,8 @@ def main() -> int:
     try:
         with bl.run_hub(data, run_dir / "hubd.log", deadline) as hub:
             cache = run_dir / "cache"
-            fill(hub, data, cache, rels, run_dir, deadline)
+            bl.fill_cache(hub.url, data, rels, cache, run_dir / "mnt",
+                          run_dir / "spokefs-fill.log", deadline)
             for r in range(args.runs):
                 for mode in modes:
                     python = pythons[mode]

@@ -231,11 +231,8 @@ def native_pass(binary: Path, data: Path, rels: list[Path], dirs: list[str], run
 def spoke_pass(workers: int, hub: bl.Hub, cache: Path, rels: list[Path], dirs: list[str],
                run_dir: Path, tag: str, deadline: bl.Deadline) -> dict[str, Any]:
     mnt = run_dir / "mnt-spoke"
-    with bl.spoke_mount(hub.url, mnt, cache, run_dir / f"spokefs-{tag}.log", deadline,
-                        extra_args=["--workers", str(workers), "--open-mode", "kernel"]) as m:
-        bl.wait_workers(m.metrics_url, workers - 1, m.pid, deadline)
-        time.sleep(0.5)
-        bl.drop_caches()
+    with bl.warm_spoke(hub.url, mnt, cache, run_dir / f"spokefs-{tag}.log", deadline,
+                       workers) as m:
         pids = bl.tree_pids(m.pid)
 
         def counts() -> dict[str, int]:
@@ -249,18 +246,6 @@ def spoke_pass(workers: int, hub: bl.Hub, cache: Path, rels: list[Path], dirs: l
     if not (m.result and m.result.clean):
         raise bl.BenchError(f"the spoke did not unmount cleanly ({tag})")
     return got
-
-
-def fill(hub: bl.Hub, data: Path, cache: Path, rels: list[Path], run_dir: Path,
-         deadline: bl.Deadline) -> None:
-    """The cold pass: every file through the spoke, its bytes checked."""
-    mnt = run_dir / "mnt-spoke"
-    with bl.spoke_mount(hub.url, mnt, cache, run_dir / "spokefs-fill.log", deadline) as m:
-        for rel in rels:
-            if (mnt / rel).read_bytes() != (data / rel).read_bytes():
-                raise bl.BenchError(f"{rel}: wrong bytes through the spoke")
-    if not (m.result and m.result.clean):
-        raise bl.BenchError("the filling spoke did not unmount cleanly")
 
 
 EXPECTED = {"readdir": "readdir", "lookup": "lookup", "getattr": "getattr", "read": "read",
@@ -327,7 +312,8 @@ def main() -> int:
     try:
         with bl.run_hub(data, run_dir / "hubd.log", deadline) as hub:
             cache = run_dir / "cache"
-            fill(hub, data, cache, rels, run_dir, deadline)
+            bl.fill_cache(hub.url, data, rels, cache, run_dir / "mnt-spoke",
+                          run_dir / "spokefs-fill.log", deadline)
             for r in range(args.runs):
                 ceiling: dict[str, Any] | None = None
                 for server in servers:

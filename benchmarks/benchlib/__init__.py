@@ -69,6 +69,7 @@ from .procs import (
     ceiling_mount,
     child_env,
     drop_caches,
+    fill_cache,
     free_port,
     fuse_process,
     fusermount,
@@ -81,6 +82,7 @@ from .procs import (
     unmount,
     wait_mounted,
     wait_port,
+    warm_spoke,
     which,
 )
 from .results import (
@@ -99,10 +101,11 @@ __all__ = [
     "BudgetExhausted",
     "CpuMeter", "Deadline", "Figure", "Goal", "Grade", "Hub", "LinkCounters", "LinkSeries",
     "LinkSpec", "Mount", "Proc", "Series", "Unmounted", "all_ticks", "append_jsonl",
-    "ceiling_mount", "child_env", "drop_caches", "format_grades", "free_port", "fuse_process",
+    "ceiling_mount", "child_env", "drop_caches", "fill_cache", "format_grades", "free_port",
+    "fuse_process",
     "fusermount", "git_info", "grade", "grades_json", "is_mounted", "jsonable", "kill_mount",
     "link_counters", "machine_ticks", "markdown_table", "open_link", "print_goals",
     "proc_cpu_ticks", "rclone_mount", "rclone_serve", "run_hub", "run_info", "save_record",
     "scrape", "spoke_mount", "top_processes", "tree_cpu_ticks", "tree_pids", "unmount",
-    "wait_mounted", "wait_port", "wait_workers", "which",
+    "wait_mounted", "wait_port", "wait_workers", "warm_spoke", "which",
 ]

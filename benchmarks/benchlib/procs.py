@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from .common import HERE, REPO, BenchError, Deadline
+from .meters import wait_workers
 
 HUB_READY_RE = re.compile(r"at (http://\S+) \(")
 SPOKE_READY_RE = re.compile(r"^spokefs: mounted .* \((\d+) entries")
@@ -279,6 +280,34 @@ def spoke_mount(url: str, mnt: Path, cache_dir: Path, log_path: Path, deadline: 
     mount = Mount("spokefs", proc, mnt, time.perf_counter() - proc.started,
                   f"http://127.0.0.1:{port}/metrics")
     with _mounted(mount) as m:
+        yield m
+
+
+def fill_cache(url: str, data: Path, rels: Sequence[Path], cache: Path, mnt: Path,
+               log_path: Path, deadline: Deadline) -> None:
+    """A cold pass that fills ``cache``: a fresh spoke, every file of ``rels`` read through it
+    and its bytes checked against ``data``, then unmounted (BenchError on a wrong byte or an
+    unclean unmount)."""
+    with spoke_mount(url, mnt, cache, log_path, deadline) as m:
+        for rel in rels:
+            if (mnt / rel).read_bytes() != (data / rel).read_bytes():
+                raise BenchError(f"{rel}: wrong bytes through the spoke")
+    if not (m.result and m.result.clean):
+        raise BenchError("the filling spoke did not unmount cleanly")
+
+
+@contextlib.contextmanager
+def warm_spoke(url: str, mnt: Path, cache: Path, log_path: Path, deadline: Deadline,
+               workers: int, settle_s: float = 0.5) -> Iterator[Mount]:
+    """``spoke_mount`` on a filled cache (a remount) with ``--workers N --open-mode kernel``,
+    once its workers serve and its first namespace poll is over, with the page cache
+    dropped: where a warm pass after a remount starts. Unmounted at the end as
+    ``spoke_mount`` does (``Mount.result``)."""
+    with spoke_mount(url, mnt, cache, log_path, deadline,
+                     extra_args=["--workers", str(workers), "--open-mode", "kernel"]) as m:
+        wait_workers(m.metrics_url, workers - 1, m.pid, deadline)
+        time.sleep(settle_s)
+        drop_caches()
         yield m
 
 
