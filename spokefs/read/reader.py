@@ -134,9 +134,7 @@ class Reader:
         _READS["cache"].inc(len(seconds))
         for one in seconds:
             metrics.READ_SECONDS.observe(one)
-        for child, count in zip(_HITS, by_origin, strict=True):
-            if count:
-                child.inc(count)
+        _count_block_hits(by_origin)
         _READ_BYTES["cache"].inc(nbytes)
 
     def _noticed(self, stream: Stream, offset: int, size: int, end: int) -> None:
@@ -189,9 +187,7 @@ def _account(nbytes: int, by_origin: list[int], blocks: int, misses: int,
     source = "hub" if misses else "cache"
     _READS[source].inc()
     metrics.READ_SECONDS.observe(seconds)
-    for child, count in zip(_HITS, by_origin, strict=True):
-        if count:
-            child.inc(count)
+    _count_block_hits(by_origin)
     if misses:
         metrics.BLOCK_MISSES.inc(misses)
         metrics.READ_MISS_SECONDS.observe(seconds)
@@ -199,6 +195,12 @@ def _account(nbytes: int, by_origin: list[int], blocks: int, misses: int,
     _READ_BYTES["cache"].inc(hit_bytes)
     if nbytes > hit_bytes:
         _READ_BYTES["hub"].inc(nbytes - hit_bytes)
+
+
+def _count_block_hits(by_origin: list[int]) -> None:
+    for child, count in zip(_HITS, by_origin, strict=True):
+        if count:
+            child.inc(count)
 
 
 # metric children bound once: a label lookup per read costs more than the increment
