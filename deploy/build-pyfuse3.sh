@@ -17,18 +17,18 @@
 #    opened without asking (FUSE "no_opendir": opendir answered ENOSYS) get the inode as their
 #    handle, so a directory costs lookup + readdirs instead of lookup + opendir + readdirs +
 #    releasedir. Marker: pyfuse3.SPOKEFS_PLAIN_READDIR.
-# 3. One mount, several processes. `spokefs mount --workers N` serves the mount from worker
-#    processes beside the mounting one (spokefs/fuse/workers.py). Each worker reads requests
-#    from its own clone of the session's /dev/fuse descriptor (FUSE_DEV_IOC_CLONE), and its
-#    libfuse session must have seen the mount's INIT (libfuse answers EIO to everything
-#    before it). So the mounting process receives and answers INIT synchronously and keeps
-#    its bytes (`spokefs_receive_init`), hands out its descriptor (`spokefs_session_fd`), and
-#    a worker replays those bytes on a session of its own whose reply goes nowhere
-#    (`spokefs_process_request`) before it moves its clone under that session. And with
-#    several processes reading one connection, a descriptor that poll() called readable may
-#    have been emptied by another process before this one reads: the descriptors are
-#    non-blocking then (a blocking read would stall the whole event loop), and the loop
-#    takes EAGAIN as "nothing after all", as it takes EINTR. Marker: pyfuse3.SPOKEFS_WORKERS.
+# 3. One mount, served by a worker process beside the mounting one. `spokefs mount --workers N`
+#    serves the mount's requests from the threads of a native read loop in a worker process
+#    (spokefs/fuse/workers.py), which reads its own clone of the session's /dev/fuse
+#    descriptor (FUSE_DEV_IOC_CLONE). The mounting process receives and answers INIT
+#    synchronously before its loop starts (`spokefs_receive_init`: the kernel's read-ahead is
+#    set after the INIT reply), hands out its descriptor (`spokefs_session_fd`), and stops
+#    reading requests while the worker serves them (`spokefs_pause_reading`: a poll()ing
+#    reader is woken by every request, where a thread in read(2) is woken alone). With two
+#    readers on one connection, a descriptor that poll() called readable may have been
+#    emptied by the other before this one reads: the mounting process's descriptor is
+#    non-blocking then, and the loop takes EAGAIN as "nothing after all", as it takes EINTR.
+#    Marker: pyfuse3.SPOKEFS_WORKERS (3: reading paused while a worker serves).
 #
 # Needs gcc, pkg-config and libfuse3-dev (deploy/setup.sh installs them).
 # Usage: bash deploy/build-pyfuse3.sh PYTHON [--wheel-dir DIR]
@@ -89,8 +89,8 @@ replace_once(internal, "        if res == -errno.EINTR:\n            continue\n"
              "            continue\n")
 replace_once(internal, "    fuse_ops.readdirplus = fuse_readdirplus\n",
              "    fuse_ops.readdirplus = fuse_readdirplus\n    fuse_ops.readdir = fuse_readdir\n")
-# 3. several processes: INIT received and answered synchronously (its bytes kept), the
-#    session's descriptor, and a request processed from memory (a worker's replayed INIT)
+# 3. a worker process serves: INIT received and answered synchronously, the session's
+#    descriptor, and reading paused while the worker serves (terminate() ends a pause)
 WORKERS = '''
 # spokefs: one mount served by several processes (spokefs/fuse/workers.py)
 import select as _spokefs_select
@@ -121,19 +121,30 @@ def spokefs_receive_init():
     stdlib.free(buf.mem)
     return data
 
-def spokefs_process_request(bytes data):
-    """Process one request held in memory (a worker replays the mount's INIT)."""
-    cdef fuse_buf buf
-    buf.mem = <void*> <char*> data
-    buf.size = len(data)
-    buf.pos = 0
-    buf.flags = 0
-    save_retval(None)
-    fuse_session_process_buf(session, &buf)
+_spokefs_gate = None  # a trio.Event while reading is paused
 
-SPOKEFS_WORKERS = 2  # the patch's version: EAGAIN taken as nothing read
+def spokefs_pause_reading(paused):
+    """Stop reading the session's requests (another process serves them), or read again."""
+    global _spokefs_gate
+    if paused:
+        if _spokefs_gate is None:
+            _spokefs_gate = trio.Event()
+    elif _spokefs_gate is not None:
+        _spokefs_gate.set()
+        _spokefs_gate = None
+
+SPOKEFS_WORKERS = 3  # the patch's version: reading paused while a worker serves
 '''
+replace_once(internal, "            if fuse_session_exited(session):\n"
+                       "                log.debug('FUSE session exit flag set while waiting for FUSE fd '\n",
+             "            while _spokefs_gate is not None and not fuse_session_exited(session):\n"
+             "                await _spokefs_gate.wait()  # spokefs: a worker serves\n"
+             "            if fuse_session_exited(session):\n"
+             "                log.debug('FUSE session exit flag set while waiting for FUSE fd '\n")
 init = src / "__init__.pyx"
+replace_once(init, "    fuse_session_exit(session)\n    trio.lowlevel.notify_closing(session_fd)\n",
+             "    fuse_session_exit(session)\n    trio.lowlevel.notify_closing(session_fd)\n"
+             "    spokefs_pause_reading(False)  # spokefs: a paused reader sees the exit\n")
 replace_once(init, "    len_ = fuse_add_direntry_plus(token.req, token.buf, token.size,\n"
                    "                                  cname, &attr.fuse_param, next_id)\n",
              "    if token.plain:  # spokefs: names, inode numbers and types only\n"
@@ -147,11 +158,11 @@ init.write_text(init.read_text()
                 + "# spokefs: Operations.readdirplus = False answers listings with plain FUSE_READDIR\n"
                 + "SPOKEFS_PLAIN_READDIR = True\n" + WORKERS)
 PATCH
-export SETUPTOOLS_SCM_PRETEND_VERSION_FOR_PYFUSE3="$version+spokefs.4"
+export SETUPTOOLS_SCM_PRETEND_VERSION_FOR_PYFUSE3="$version+spokefs.5"
 if [ -n "$wheel_dir" ]; then
   "$py" -m pip wheel -q --no-deps --wheel-dir "$wheel_dir" "$work/pyfuse3-$version"
-  echo "build-pyfuse3: wheel of pyfuse3 $version+spokefs.4 in $wheel_dir"
+  echo "build-pyfuse3: wheel of pyfuse3 $version+spokefs.5 in $wheel_dir"
   exit 0
 fi
 "$py" -m pip install -q --no-deps --force-reinstall "$work/pyfuse3-$version"
-"$py" -c 'import pyfuse3; assert pyfuse3.SPOKEFS_READ_INODE and pyfuse3.SPOKEFS_PLAIN_READDIR and pyfuse3.SPOKEFS_WORKERS; print("build-pyfuse3: installed pyfuse3", pyfuse3.__version__)'
+"$py" -c 'import pyfuse3; assert pyfuse3.SPOKEFS_READ_INODE and pyfuse3.SPOKEFS_PLAIN_READDIR and pyfuse3.SPOKEFS_WORKERS >= 3; print("build-pyfuse3: installed pyfuse3", pyfuse3.__version__)'

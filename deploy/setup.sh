@@ -9,7 +9,7 @@ want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 
 # libxxhash-dev: the header of the package's one C part (spokefs/protocol/frames_c.c)
-debs=(fuse3 libfuse3-dev pkg-config gcc libxxhash-dev)
+debs=(fuse3 libfuse3-dev pkg-config gcc libxxhash-dev liblmdb-dev)
 python3 -c 'import venv, ensurepip' 2>/dev/null || debs+=(python3-venv python3-dev)
 # prometheus: the observability tests run a real Prometheus and its promtool;
 # openssl (priority optional, not in minimal images): the TLS tests make a throwaway CA
@@ -41,6 +41,6 @@ fi
 # pyfuse3 with reads that name the inode (the kernel opens files itself: two FUSE requests
 # fewer per file) and plain readdir (no kernel inode per listed entry); see
 # deploy/build-pyfuse3.sh
-.venv/bin/python -c 'import pyfuse3, sys; sys.exit(getattr(pyfuse3, "SPOKEFS_WORKERS", 0) < 2)' \
+.venv/bin/python -c 'import pyfuse3, sys; sys.exit(getattr(pyfuse3, "SPOKEFS_WORKERS", 0) < 3)' \
   || bash deploy/build-pyfuse3.sh .venv/bin/python
 echo "setup: ready ($(.venv/bin/python --version), $(fusermount3 --version 2>&1 | head -1))"

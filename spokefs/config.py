@@ -87,9 +87,9 @@ class SpokeConfig:
             only on ``spokefs refresh``).
         hub_max_connections: HTTP connections kept to the hub.
         fuse_max_tasks: concurrent FUSE requests pyfuse3 may run (in each process).
-        workers: processes that serve the mount's FUSE requests: the mount's own and
-            ``workers - 1`` worker processes (``fuse.workers``); more than 1 needs
-            ``open_mode='kernel'``.
+        workers: threads of the native read loop that serve the mount's FUSE requests, in a
+            worker process beside the mount's own (``fuse.workers``); 0: the mount's own
+            process serves them all; more than 0 needs ``open_mode='kernel'``.
         kernel_readahead_kib: the mount's kernel read-ahead (see mount.set_kernel_readahead).
         attr_timeout_s: how long the kernel may cache entries and attributes; the export is
             read-only and changes arrive as new generations, so it can be long.
@@ -123,7 +123,7 @@ class SpokeConfig:
     refresh_interval_s: float = 60.0
     hub_max_connections: int = 160  # background requests (up to 128) + demand reads
     fuse_max_tasks: int = 64
-    workers: int = 1
+    workers: int = 0
     attr_timeout_s: float = 3600.0
     kernel_readahead_kib: int = 1024
     open_mode: str = "handle"

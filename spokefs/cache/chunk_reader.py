@@ -2,9 +2,9 @@
 every block's checksum checked before its bytes are returned.
 
 ``ChunkReader`` is the read half of ``store.ChunkStore`` (which adds the fills, promotions
-and drops on top of it). A serving worker process of a mount (``fuse.worker``) opens one on
-its own, read-only, beside the mount's writer: LMDB lets any number of processes read an
-environment while one writes, each read transaction seeing one committed state.
+and drops on top of it). A serving worker of the mount reads the same records in C
+(``spokefs/fuse/read_loop.c``), in a process of its own: the layout is ``layout``'s, and a
+change to it is a change to that file too.
 Nothing here awaits or touches trio; it may raise any ``lmdb.Error``.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import lmdb
 import xxhash
@@ -34,29 +33,6 @@ class ChunkReader:
     _env: lmdb.Environment
     _data: lmdb._Database
     _head: lmdb._Database
-
-    @classmethod
-    def open_readonly(cls, path: Path, map_bytes: int) -> ChunkReader:
-        """The environment in ``path`` (``<cache-dir>/blocks``), opened to read only, as a
-        serving worker does beside the mount that writes it. ``map_bytes``: at least the
-        writer's map (``BlockCache.bound_bytes``): a reader's smaller map fails every read
-        transaction once the file outgrows it (MDB_MAP_RESIZED).
-
-        Raises:
-            lmdb.Error: it cannot be opened (no cache there yet, or a broken one).
-        """
-        self = cls.__new__(cls)
-        # read-ahead on, as the writer's environment has it: a chunk that is not in RAM is
-        # read in one fault's read-ahead, not a disk read per 4 KiB page
-        self._env = lmdb.open(str(path), map_size=map_bytes, readonly=True, lock=True,
-                              max_dbs=8, create=False)
-        try:  # (handles opened inside a read transaction of our own fail later: EINVAL)
-            self._data = self._env.open_db(b"data", create=False)
-            self._head = self._env.open_db(b"head", create=False)
-        except BaseException:
-            self._env.close()
-            raise
-        return self
 
     def close(self) -> None:
         self._env.close()

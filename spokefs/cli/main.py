@@ -181,9 +181,10 @@ def _parser() -> argparse.ArgumentParser:
                         "when it is gone); auto (default): kernel where this pyfuse3 supports "
                         "it (deploy/build-pyfuse3.sh), else handle")
     m.add_argument("--workers", default="auto", metavar="N",
-                   help="processes that serve the mount's requests: the mount's own and N-1 "
-                        "workers reading the cache beside it (needs --open-mode kernel); "
-                        "auto (default): one per 4 cores, at most 8")
+                   help="threads of the native read loop that serve the mount's requests "
+                        "from the cache, in a worker process beside the mount's own (needs "
+                        "--open-mode kernel); 0: the mount's own process serves alone; auto "
+                        "(default): 4 per core, 8 to 64")
     m.add_argument("--replay", type=Path, metavar="TRACE",
                    help="replay a trace (spokefs trace save) from the mount on, in the "
                         "background: the next run's first epoch reads warm data")
@@ -262,27 +263,35 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
 
 
 _MAX_WORKERS = 64
+# --workers auto: threads sleep in read(2) until a request comes, so more threads than cores
+# cost nothing idle and keep disk reads in flight while others wait (bench_workers.py on
+# 2 cores: 8 threads served 1.3x what 2 did); README "Sizing the workers"
+_AUTO_PER_CORE, _AUTO_MIN_WORKERS = 4, 8
 
 
 def _workers(asked: str, open_mode: str) -> int:
-    """The serving processes for ``--workers`` (see ``fuse.workers``)."""
+    """The serving threads for ``--workers`` (see ``fuse.workers``)."""
     from spokefs.fuse import session  # the FUSE layer (pyfuse3): only mounting needs it
 
     if asked == "auto":
-        if open_mode != "kernel" or not session.supported():
-            return 1
-        return max(1, min(8, (os.cpu_count() or 1) // 4))
+        if open_mode != "kernel" or not session.supported() or not session.read_loop_built():
+            return 0
+        return max(_AUTO_MIN_WORKERS, min(_MAX_WORKERS, _AUTO_PER_CORE * (os.cpu_count() or 1)))
     try:
         n = int(asked)
     except ValueError:
-        raise UserError(f"--workers {asked!r}: give a number of processes, or auto") from None
-    if not 1 <= n <= _MAX_WORKERS:
-        raise UserError(f"--workers {n}: give 1 to {_MAX_WORKERS}")
-    if n > 1 and open_mode != "kernel":
-        raise UserError(f"--workers {n} needs --open-mode kernel (a handle opened in one "
-                        "process would be read in another)")
-    if n > 1 and not session.supported():
+        raise UserError(f"--workers {asked!r}: give a number of threads, 0, or auto") from None
+    if not 0 <= n <= _MAX_WORKERS:
+        raise UserError(f"--workers {n}: give 0 to {_MAX_WORKERS}")
+    if n and open_mode != "kernel":
+        raise UserError(f"--workers {n} needs --open-mode kernel (the worker reads by inode; "
+                        "a handle is the mount's own process's)")
+    if n and not session.supported():
         raise UserError(f"--workers {n} needs the pyfuse3 that deploy/build-pyfuse3.sh builds")
+    if n and not session.read_loop_built():
+        raise UserError(f"--workers {n} needs the native read loop (spokefs.fuse.read_loop), "
+                        "which this install lacks: deploy/setup.sh builds it (it needs "
+                        "Debian's liblmdb-dev and libxxhash-dev)")
     return n
 
 

@@ -37,7 +37,14 @@ tests/integration/test_reads_per_file.py checks the bytes of buffered, unbuffere
 
 from __future__ import annotations
 
-from spokefs.config import BLOCK_SIZE
+from spokefs.config import BLOCK_SIZE, SpokeConfig
+
+
+def whole_read_max(cfg: SpokeConfig) -> int:
+    """The largest file that reports its size as ``st_blksize``: the kernel's read-ahead
+    (a larger first read is cut to it anyway) and no more than a first read of a small file
+    fetches from the hub anyway (``PrefetchConfig.small_file_bytes``)."""
+    return min(cfg.kernel_readahead_kib * 1024, cfg.prefetch.small_file_bytes)
 
 
 def preferred_io_size(size: int, whole_read_max: int) -> int:

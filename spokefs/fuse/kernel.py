@@ -23,19 +23,8 @@ def reads_by_inode() -> bool:
 
 
 class KernelCache:
-    """The kernel's entry, attribute and page caches of the mount, to invalidate.
-
-    Args:
-        on_generation: told of each new namespace generation before anything is
-            forgotten (the mount's serving workers, ``workers``), or None.
-    """
-
-    def __init__(self, on_generation: Callable[[int], None] | None = None) -> None:
-        self._on_generation = on_generation
-
-    def namespace_changed(self, generation: int) -> None:
-        if self._on_generation is not None:
-            self._on_generation(generation)
+    """The kernel's entry, attribute and page caches of the mount, to invalidate (they are
+    the connection's, so a serving worker's view of the mount forgets them too)."""
 
     def forget_entry(self, parent: int, name: bytes) -> None:
         """Drop a cached name (queued: pyfuse3 invalidates it from a thread of its own)."""

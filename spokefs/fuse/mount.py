@@ -201,19 +201,21 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             pyfuse3.init(ops, str(cfg.mountpoint), options)
         except RuntimeError as exc:
             raise UserError(f"cannot mount on {cfg.mountpoint}: {exc}") from None
-        log.info("mounted %s at %s (open mode %s, %d serving process%s%s)", cfg.hub_source,
-                 cfg.mountpoint, cfg.open_mode, cfg.workers, "es" if cfg.workers > 1 else "",
-                 f", data through the tier {cfg.tier_url}" if cfg.tier_url else "")
+        log.info("mounted %s at %s (open mode %s, %s%s)", cfg.hub_source, cfg.mountpoint,
+                 cfg.open_mode, f"{cfg.workers} serving threads" if cfg.workers else
+                 "served by this process", f", data through the tier {cfg.tier_url}"
+                 if cfg.tier_url else "")
         clean = False
         try:
             workers = None
-            if cfg.workers > 1:  # they join the session after INIT (``session``)
-                workers = Workers(cfg, ops, reader, ns, source, session.receive_init(), options)
+            if cfg.workers:  # its threads read requests once INIT is answered (``session``)
+                session.receive_init()
+                workers = Workers(cfg, ops, reader, ns, source)
             on_ready(info)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_terminate_on_signal)
                 nursery.start_soon(_readahead_once_initialised, ops.initialised, cfg)
-                refresher.mounted(KernelCache(workers.namespace_changed if workers else None))
+                refresher.mounted(KernelCache())
                 # each restarted if it fails (``supervise``): a bug there must not unmount
                 await nursery.start(supervised, "writer", cache.run)
                 await nursery.start(supervised, "source", source.run)

@@ -25,7 +25,7 @@ from spokefs.errors import NotADir, ReadOnly
 from spokefs.fuse.control import PREFIX
 from spokefs.fuse.errors import fuse_errors
 from spokefs.fuse.inode_streams import InodeStreams
-from spokefs.fuse.io_size import preferred_io_size
+from spokefs.fuse.io_size import preferred_io_size, whole_read_max
 from spokefs.fuse.page_cache import PageCachePolicy
 from spokefs.namespace.replica import Attr, Namespace
 from spokefs.read.stream import Stream, StreamReader
@@ -86,10 +86,7 @@ class SpokeOps(pyfuse3.Operations):
         self._uid = cfg.uid
         self._gid = cfg.gid
         self._timeout = cfg.attr_timeout_s
-        # larger st_blksize up to here (io_size): the kernel's read-ahead, and no more than
-        # a first read of a small file fetches from the hub anyway
-        self._whole_read_max = min(cfg.kernel_readahead_kib * 1024,
-                                   cfg.prefetch.small_file_bytes)
+        self._whole_read_max = whole_read_max(cfg)  # larger st_blksize up to here (io_size)
         self._fh = itertools.count(1)
         self._pages = PageCachePolicy()
         self.handles: dict[int, Stream] = {}

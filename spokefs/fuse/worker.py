@@ -1,102 +1,174 @@
-"""A serving worker of a mount: ``python -m spokefs.fuse.worker CHANNEL_FD MOUNT_FD
-GENERATION_FD``, started by the mount's coordinator (``workers``), never by hand.
+"""The serving worker of a mount: ``python -m spokefs.fuse.worker CHANNEL_FD MOUNT_FD``, started
+by the mount's coordinator (``workers``), never by hand.
 
-It reads FUSE requests from its own clone of the mount's descriptor (``session.join``) and
-answers lookups, attributes, listings and cached reads from the mount's namespace and block
-cache, both opened read-only beside the coordinator that writes them; misses and control
-attributes go to the coordinator (``worker_reader``). The namespace's generation is a shared
-counter the coordinator moves before it has the kernel forget what changed, so a worker
-never serves a version older than the kernel's view.
+It serves the mount's FUSE requests on its own clone of the mount's ``/dev/fuse`` descriptor
+with the native read loop (``read_loop``, C): several threads answer lookups, attributes,
+listings and reads of cached bytes from the namespace and block cache, opened read-only beside
+the coordinator that writes them, without entering Python. What the loop hands over, this
+module carries to the coordinator over the worker's channel (``worker_channel``):
 
-It ends when the coordinator says ``BYE`` (the mount is ending) or its channel closes (the
-coordinator died: the worker then detaches the mount, so no dead mount is left, and exits).
-SIGINT and SIGTERM are the coordinator's to act on: a worker ignores them, so a Ctrl-C or a
-service stop that signals the whole group unmounts once, through the coordinator.
+- a read the cache cannot answer (a miss, a block that failed its checksum, bytes only staged
+  in the coordinator's memory): ``READ``, and the coordinator's answer goes back as the
+  request's reply, errors included;
+- a control attribute (``user.spokefs.*``): ``XATTR``, likewise;
+- the reads it served (``HIT``, in batches: up to 64, at most 5 ms late) and directories
+  listed (``LISTED``), so the coordinator's prefetcher, trace, eviction and metrics see every
+  read of the mount.
 
-Part of the FUSE layer (docs/contributing.md): only these modules import pyfuse3.
+It tells the coordinator ``SERVING`` once its threads read requests: the coordinator stops
+reading its own descriptor then (every request goes to the threads, which the kernel wakes
+one at a time), and reads again when this process is gone.
+
+It ends (exit 0) when its session ends (the mount went away), when the coordinator says
+``BYE`` (the mount is ending), or when its channel closes (the coordinator died: it detaches
+the mount first, so no dead mount is left, and the requests it holds then fail). SIGINT and
+SIGTERM are the coordinator's to act on: a worker ignores them, so a Ctrl-C or a service stop
+that signals the whole group unmounts once, through the coordinator.
+
+Part of the FUSE layer (docs/contributing.md). It does not import pyfuse3: the kernel's side
+of the session (INIT) is the coordinator's, and the loop speaks the FUSE protocol itself.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import signal
 import socket
+import struct
 import sys
-from pathlib import Path
 
-import pyfuse3
 import trio
 
 from spokefs.cache.block_cache import BlockCache
-from spokefs.cache.chunk_reader import ChunkReader
-from spokefs.fuse import session
-from spokefs.fuse.ops import SpokeOps
+from spokefs.fuse.io_size import whole_read_max
+from spokefs.fuse.read_loop import ReadLoop  # C: the package is built with it (``workers``)
 from spokefs.fuse.worker_channel import (
     BYE,
+    HIT,
+    LISTED,
+    READ,
     REPLY,
+    SERVING,
+    XATTR,
+    CallFailed,
+    Calls,
     Channel,
     ChannelBroken,
     ChannelClosed,
     WorkerSetup,
     receive_hello,
 )
-from spokefs.fuse.worker_reader import HIT_DELAY_S, Calls, ForwardedControl, WorkerReader
-from spokefs.namespace.replica import Namespace, NamespaceInfo
-from spokefs.shared_counter import SharedCounter
 
 log = logging.getLogger("spokefs.fuse.worker")  # not "__main__": it runs with -m
 
-
-class FollowingNamespace(Namespace):
-    """The mount's namespace as a worker reads it: its info read again whenever the
-    coordinator's generation counter has moved."""
-
-    def __init__(self, path: Path, generation: SharedCounter) -> None:
-        self._generation = generation
-        self._seen = -1
-        self._info_now: NamespaceInfo | None = None
-        super().__init__(path, beside=True)
-
-    @property
-    def info(self) -> NamespaceInfo | None:
-        generation = self._generation.value
-        if generation != self._seen:
-            self._seen = generation
-            self._info_now = self._read_info()
-        return self._info_now
-
-    @info.setter
-    def info(self, value: NamespaceInfo | None) -> None:
-        self._info_now = value
+# _IOR(229, 0, uint32_t): <linux/fuse.h>
+FUSE_DEV_IOC_CLONE = 0x8004E500
+HIT_BATCH = 64  # hits that go to the coordinator at once, without waiting for more
+HIT_DELAY_S = 0.005  # what a hit waits at most for others to go with it (``worker_channel``)
 
 
-async def serve(setup: WorkerSetup, sock: socket.socket, mount_fd: int,
-                generation: SharedCounter) -> None:
-    """Join the mount and serve until the coordinator says bye or goes away."""
+def clone_device(mount_fd: int) -> int:
+    """A new ``/dev/fuse`` descriptor on the connection of ``mount_fd`` (blocking: the loop's
+    threads sleep in read(2), and the kernel wakes one of them per request).
+
+    Raises:
+        OSError: ``/dev/fuse`` cannot be opened or cloned.
+    """
+    clone = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(clone, FUSE_DEV_IOC_CLONE, struct.pack("I", mount_fd))
+    except BaseException:
+        os.close(clone)
+        raise
+    return clone
+
+
+def open_loop(setup: WorkerSetup, fd: int) -> ReadLoop:
+    """The native read loop on ``fd`` over the mount's cache dir (not started).
+
+    Raises:
+        OSError: an LMDB environment cannot be opened.
+    """
     cfg = setup.cfg
-    ns = FollowingNamespace(cfg.cache_dir / "namespace", generation)
-    chunks = ChunkReader.open_readonly(cfg.cache_dir / "blocks",
-                                       BlockCache.bound_bytes(cfg.cache_max_bytes))
+    return ReadLoop(
+        fd, str(cfg.cache_dir / "namespace"), str(cfg.cache_dir / "blocks"),
+        BlockCache.bound_bytes(cfg.cache_max_bytes), cfg.uid, cfg.gid, cfg.attr_timeout_s,
+        whole_read_max(cfg), setup.threads)
+
+
+async def serve(setup: WorkerSetup, sock: socket.socket, mount_fd: int) -> None:
+    """Serve the mount until its session ends, the coordinator says bye or goes away."""
+    fd = clone_device(mount_fd)
+    os.close(mount_fd)
+    loop = open_loop(setup, fd)
     channel = Channel(trio.SocketStream(trio.socket.from_stdlib_socket(sock)),
                       collect_delay_s=HIT_DELAY_S)
     calls = Calls(channel)
-    ops = SpokeOps(ns, WorkerReader(chunks, channel, calls), ForwardedControl(calls), cfg)
-    session.join(ops, setup.init, mount_fd, setup.options)
-    log.info("worker %d serving %s", setup.index, cfg.mountpoint)
     try:
+        loop.start()
+        log.info("worker %d serving %s with %d threads", setup.index, setup.cfg.mountpoint,
+                 setup.threads)
+        await channel.send(SERVING, setup.threads)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_listen, channel, calls, cfg.mountpoint)
+            nursery.start_soon(_listen, channel, calls, setup.cfg.mountpoint,
+                               nursery.cancel_scope)
             nursery.start_soon(_send_events, channel)
-            await pyfuse3.main(min_tasks=2, max_tasks=cfg.fuse_max_tasks)
+            await _pump(loop, channel, calls, nursery)
             nursery.cancel_scope.cancel()
     finally:
-        pyfuse3.close(unmount=False)
-        chunks.close()
-        ns.close(seal=False)
+        stats = loop.statistics()
+        loop.stop()
+        os.close(fd)
+        log.info("worker %d stopped: %s", setup.index, stats)
 
 
-async def _listen(channel: Channel, calls: Calls, mountpoint: Path) -> None:
-    """Replies to the worker's requests; ``BYE``, or the coordinator's death, ends it."""
+async def _pump(loop: ReadLoop, channel: Channel, calls: Calls, nursery: trio.Nursery) -> None:
+    """Carry what the loop hands over to the coordinator, until the session ends."""
+    while True:
+        await trio.lowlevel.wait_readable(loop.event_fd)
+        for event in loop.take_events():
+            kind = event[0]
+            if kind == "read":
+                _, unique, file_id, offset, size = event
+                nursery.start_soon(_forward_read, loop, calls, unique, file_id, offset, size)
+            elif kind == "xattr":
+                _, unique, ino, name, uid, size = event
+                nursery.start_soon(_forward_xattr, loop, calls, unique, ino, name, uid, size)
+            elif kind == "listed":
+                channel.queue(LISTED, event[1])
+            else:  # "end": the session is over (unmounted)
+                return
+        pending = loop.pending_hits()
+        if pending:
+            channel.queue_collected(HIT, loop.take_hits, now=pending >= HIT_BATCH)
+
+
+async def _forward_read(loop: ReadLoop, calls: Calls, unique: int, file_id: int, offset: int,
+                        size: int) -> None:
+    try:
+        data = await calls.call(READ, (file_id, offset, size))
+    except CallFailed as exc:
+        loop.reply_error(unique, exc.errno)
+    else:
+        loop.reply(unique, data)
+
+
+async def _forward_xattr(loop: ReadLoop, calls: Calls, unique: int, ino: int, name: bytes, uid: int,
+                         size: int) -> None:
+    try:
+        value = await calls.call(XATTR, (ino, name, uid))
+    except CallFailed as exc:
+        loop.reply_error(unique, exc.errno)
+    else:
+        loop.reply_xattr(unique, size, value)
+
+
+async def _listen(channel: Channel, calls: Calls, mountpoint: os.PathLike[str],
+                  serving: trio.CancelScope) -> None:
+    """Replies to the worker's requests; ``BYE`` ends the worker, and the coordinator's death
+    the mount too."""
     try:
         while True:
             kind, body = await channel.receive()
@@ -104,14 +176,16 @@ async def _listen(channel: Channel, calls: Calls, mountpoint: Path) -> None:
                 calls.replied(*body)
             elif kind == BYE:
                 log.debug("the coordinator said bye")
-                break
+                serving.cancel()
+                return
     except (ChannelClosed, ChannelBroken) as exc:
         calls.close()
         log.error("the mount's coordinator is gone (%s): detaching %s", exc, mountpoint)
-        # the kernel's connection ends with the last descriptor; the mount entry would stay
+        # the kernel's connection ends with the last descriptor; the mount entry would stay.
+        # The loop's threads then read ENODEV, and the worker ends with the session.
         await trio.run_process(["fusermount3", "-u", "-z", str(mountpoint)], check=False,
                                capture_stdout=True, capture_stderr=True)
-    pyfuse3.terminate()
+        serving.cancel()  # what it holds now fails when its descriptor closes
 
 
 async def _send_events(channel: Channel) -> None:
@@ -124,17 +198,17 @@ async def _send_events(channel: Channel) -> None:
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if len(argv) != 4:
-        print("usage: python -m spokefs.fuse.worker CHANNEL_FD MOUNT_FD GENERATION_FD "
+    if len(argv) != 3:
+        print("usage: python -m spokefs.fuse.worker CHANNEL_FD MOUNT_FD "
               "(started by `spokefs mount --workers N`)", file=sys.stderr)
         return 2
-    channel_fd, mount_fd, generation_fd = (int(a) for a in argv[1:])
+    channel_fd, mount_fd = (int(a) for a in argv[1:])
     sock = socket.socket(fileno=channel_fd)
     setup = receive_hello(sock)
     logging.basicConfig(level=setup.cfg.log_level, filename=setup.log_file,
                         format=f"%(asctime)s %(levelname)s worker{setup.index} %(name)s: "
                                "%(message)s")
-    trio.run(serve, setup, sock, mount_fd, SharedCounter(generation_fd))
+    trio.run(serve, setup, sock, mount_fd)
     return 0
 
 

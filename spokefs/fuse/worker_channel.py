@@ -11,12 +11,13 @@ Worker -> coordinator:
   (a miss, bytes only staged in the coordinator's memory, a block that failed its
   checksum). Answered with ``REPLY``.
 - ``XATTR (rid, ino, name, uid)``: a control attribute (``user.spokefs.*``). ``REPLY``.
-- ``HIT (reads, by_origin, nbytes, seconds)``: the reads the worker served from the cache
-  since its last batch: ``reads`` a list of ``(file_id, offset, size, visits)``, then their
-  metric counts summed (blocks per origin, bytes) and each one's latency. The coordinator
-  does what its own reads do besides serving (the prefetcher, the trace, visits for
-  eviction, the metrics).
+- ``HIT (reads, by_origin, nbytes, seconds, errors)``: the reads the worker served from the
+  cache since its last batch: ``reads`` a list of ``(file_id, offset, size, visits)``, then
+  their metric counts summed (blocks per origin, bytes), each one's latency, and the errors
+  the worker answered meanwhile, ``(handler, errno, count)``. The coordinator does what its
+  own reads do besides serving (the prefetcher, the trace, visits for eviction, the metrics).
 - ``LISTED (dir_id)``: a directory is being listed (the prefetcher may fill it).
+- ``SERVING (threads)``: the worker's threads read the mount's requests now.
 
 Coordinator -> worker:
 
@@ -34,6 +35,8 @@ without the wait a busy worker's batches held 1.1 hits.
 
 from __future__ import annotations
 
+import errno
+import itertools
 import marshal
 import pickle
 import socket
@@ -46,9 +49,9 @@ import trio
 
 from spokefs.config import SpokeConfig
 
-READ, XATTR, HIT, LISTED, HELLO, REPLY, BYE = range(1, 8)
+READ, XATTR, HIT, LISTED, HELLO, REPLY, BYE, SERVING = range(1, 9)
 KINDS = {READ: "READ", XATTR: "XATTR", HIT: "HIT", LISTED: "LISTED", HELLO: "HELLO",
-         REPLY: "REPLY", BYE: "BYE"}
+         REPLY: "REPLY", BYE: "BYE", SERVING: "SERVING"}
 _HEAD = struct.Struct("<IB")
 _MAX_MESSAGE = 64 << 20  # a reply carries at most one FUSE read (<= 1 MiB); hello is small
 _RECEIVE_BYTES = 1 << 20
@@ -184,23 +187,76 @@ class Channel:
         await self._stream.aclose()
 
 
+class CallFailed(Exception):
+    """A request to the coordinator failed: ``errno`` is the answer to give the kernel."""
+
+    def __init__(self, err: int) -> None:
+        super().__init__(errno.errorcode.get(err, str(err)))
+        self.errno = err
+
+
+class Calls:
+    """Requests to the coordinator and their replies, matched by request id."""
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, tuple[trio.Event, list[Any]]] = {}
+        self._closed = False
+
+    async def call(self, kind: int, args: tuple[Any, ...]) -> bytes:
+        """Send a request and wait for its reply.
+
+        Raises:
+            CallFailed: the coordinator answered an errno, or is gone (EIO).
+        """
+        if self._closed:
+            raise CallFailed(errno.EIO)
+        rid = next(self._ids)
+        done = trio.Event()
+        slot: list[Any] = []
+        self._waiting[rid] = (done, slot)
+        try:
+            await self._channel.send(kind, (rid, *args))
+            await done.wait()
+        except ChannelClosed:
+            raise CallFailed(errno.EIO) from None
+        finally:
+            self._waiting.pop(rid, None)
+        err, data = slot
+        if err:
+            raise CallFailed(err)
+        return bytes(data)
+
+    def replied(self, rid: int, err: int, data: bytes) -> None:
+        waiting = self._waiting.get(rid)
+        if waiting is not None:
+            waiting[1].extend((err, data))
+            waiting[0].set()
+
+    def close(self) -> None:
+        """The coordinator is gone: every waiting request fails with EIO."""
+        self._closed = True
+        for done, slot in self._waiting.values():
+            slot.extend((errno.EIO, b""))
+            done.set()
+
+
 @dataclass(frozen=True)
 class WorkerSetup:
-    """What a worker needs to join the mount: the body of ``HELLO`` (pickled).
+    """What a worker needs to serve the mount: the body of ``HELLO`` (pickled).
 
     Attributes:
         cfg: the mount's configuration.
-        index: the worker's number (1..N-1; the coordinator is 0), for logs.
-        init: the mount's INIT request, as the kernel sent it (``session.receive_init``).
-        options: the FUSE options the mount was made with.
+        index: the worker's number (1 and up; the coordinator is 0), for logs.
+        threads: how many threads of the native read loop serve.
         log_file: the file the coordinator logs to (a daemon has no stderr), or None: the
             worker logs to the stderr it inherits.
     """
 
     cfg: SpokeConfig
     index: int
-    init: bytes
-    options: tuple[str, ...]
+    threads: int
     log_file: str | None = None
 
     def encode(self) -> bytes:

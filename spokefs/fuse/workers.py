@@ -1,27 +1,29 @@
-"""Several processes serving one mount: the coordinator's side.
+"""The serving worker of a mount: the coordinator's side.
 
-With ``--workers N`` the mount's own process (the coordinator) and N-1 worker processes all
-read the mount's FUSE requests; the kernel hands each request to whichever reads it first.
-Each worker (``worker``) answers lookups, attributes, listings and cached reads itself, from
-the namespace and block cache it opens read-only; the coordinator keeps everything that
-writes or fetches: the hub client, fills, the prefetcher, replays, the cache's writer and
-eviction, pins, the trace, the refresher and ``/metrics``. Over each worker's channel
-(``worker_channel``) the coordinator
+With ``--workers N`` a worker process (``worker``) serves the mount's FUSE requests on N
+threads of the native read loop (``read_loop``), reading the namespace and the block cache
+read-only beside the mount's own process (the coordinator), which keeps everything that writes
+or fetches: the hub client, fills, the prefetcher, replays, the cache's writer and eviction,
+pins, the trace, the refresher and ``/metrics``. While the worker serves, the coordinator reads
+no FUSE request itself (``session.pause_reading``); over the worker's channel
+(``worker_channel``) it
 
-- serves the reads a worker could not (``READ``) and the control attributes (``XATTR``)
+- serves the reads the worker could not (``READ``) and the control attributes (``XATTR``)
   through its own handlers, so their answers and errors are the coordinator's;
 - takes the worker's cache hits (``HIT``) and listings (``LISTED``) as its own reads would
   count them: the prefetcher, the trace, eviction's visits and the metrics see every read of
-  the mount, whichever process served it, and ``/metrics`` has the totals;
-- moves a shared generation counter before the refresher has the kernel forget what a
-  namespace change touched, so no worker serves an older version than the kernel sees.
+  the mount, and ``/metrics`` has the totals.
 
-A worker that dies (kill -9, a crash) is started again; the requests it held end with an
-error (its clone of the descriptor closed) and the kernel retries a failed page read, so
-readers see at most an error, never a hang; the reader slots it held in the LMDB
-environments are freed. If the coordinator dies, every worker sees its channel close,
-detaches the mount and exits. When the mount ends, the coordinator says ``BYE`` to each
-worker before it unmounts.
+The worker reads every request's namespace records in a transaction of its own, so it never
+serves an older namespace than the one the refresher has committed (and the kernel forgets
+what changed only after that commit).
+
+A worker that dies (kill -9, a crash) is started again; meanwhile the coordinator reads the
+requests again. The requests it held end with an error (its clone of the descriptor closed)
+and the kernel retries a failed page read, so readers see at most an error, never a hang; the
+reader slots it held in the LMDB environments are freed. If the coordinator dies, the worker
+sees its channel close, detaches the mount and exits. When the mount ends, the coordinator
+says ``BYE`` before it unmounts.
 
 Part of the FUSE layer (docs/contributing.md): only these modules import pyfuse3.
 """
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import socket
 import sys
@@ -51,6 +54,7 @@ from spokefs.fuse.worker_channel import (
     LISTED,
     READ,
     REPLY,
+    SERVING,
     XATTR,
     Channel,
     ChannelBroken,
@@ -61,7 +65,6 @@ from spokefs.fuse.worker_channel import (
 from spokefs.namespace.replica import Namespace
 from spokefs.read.block_source import BlockSource
 from spokefs.read.reader import Reader
-from spokefs.shared_counter import SharedCounter
 
 log = logging.getLogger(__name__)
 
@@ -78,42 +81,31 @@ class _Context:
 
 
 class Workers:
-    """The mount's worker processes (see the module docstring)."""
+    """The mount's serving worker (see the module docstring)."""
 
     def __init__(self, cfg: SpokeConfig, ops: SpokeOps, reader: Reader, ns: Namespace,
-                 source: BlockSource, init: bytes, options: set[str]) -> None:
-        self._count = cfg.workers - 1
+                 source: BlockSource) -> None:
+        self._threads = cfg.workers
         self._ops = ops
         self._reader = reader
         self._ns = ns
         self._source = source
         # the worker needs neither the token nor TLS (and an SSLContext does not pickle)
         self._cfg = dataclasses.replace(cfg, token=None, tls=None)
-        self._init = init
-        self._options = tuple(sorted(options))
         self._log_file = next((h.baseFilename for h in logging.getLogger().handlers
                                if isinstance(h, logging.FileHandler)), None)
         self._mount_fd = session.session_fd()
-        self._generation = SharedCounter.create(ns.info.generation if ns.info else 0)
         self._channels: dict[int, Channel] = {}
         self._processes: dict[int, trio.Process] = {}
         self._stopping = False
         self._batches = self._hit_reads = 0  # (logged at stop: how well hits are batched)
         metrics.WORKERS.set(0)
 
-    def namespace_changed(self, generation: int) -> None:
-        """The namespace is at ``generation`` now: workers read its info again."""
-        self._generation.set(generation)
-
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Start the workers, and start again each that dies, until ``stop``."""
-        try:
-            async with trio.open_nursery() as nursery:
-                for index in range(1, self._count + 1):
-                    nursery.start_soon(self._keep, index)
-                task_status.started()
-        finally:
-            self._generation.close()
+        """Start the worker, and start it again whenever it dies, until ``stop``."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._keep, 1)
+            task_status.started()
 
     async def stop(self) -> None:
         """Say ``BYE`` to every worker and wait for them to exit (kill those that do not)."""
@@ -158,8 +150,8 @@ class Workers:
         try:
             process = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "spokefs.fuse.worker", str(theirs.fileno()),
-                 str(self._mount_fd), str(self._generation.fd)],
-                pass_fds=(theirs.fileno(), self._mount_fd, self._generation.fd))
+                 str(self._mount_fd)],
+                pass_fds=(theirs.fileno(), self._mount_fd))
         except BaseException:
             ours.close()
             raise
@@ -168,17 +160,17 @@ class Workers:
         channel = Channel(trio.SocketStream(trio.socket.from_stdlib_socket(ours)))
         self._processes[index] = process
         self._channels[index] = channel
-        metrics.WORKERS.set(len(self._channels))
         try:
-            setup = WorkerSetup(self._cfg, index, self._init, self._options, self._log_file)
+            setup = WorkerSetup(self._cfg, index, self._threads, self._log_file)
             await channel.send_raw(encode(HELLO, setup.encode()))
             async with trio.open_nursery() as nursery:
                 await self._serve(index, process, channel, nursery)
         except ChannelClosed:
             pass  # it died before HELLO
         finally:
+            session.pause_reading(False)  # the coordinator serves until the next one does
+            metrics.WORKERS.set(0)
             del self._channels[index]
-            metrics.WORKERS.set(len(self._channels))
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(_EXIT_WAIT_S):
                     await process.wait()
@@ -203,6 +195,10 @@ class Workers:
                 return
             if kind == HIT:
                 self._hits(*body)
+            elif kind == SERVING:
+                log.info("worker %d serves the mount on %d threads", index, body)
+                session.pause_reading(True)
+                metrics.WORKERS.set(body)
             elif kind == LISTED:
                 self._reader.on_readdir(body)
             elif kind == READ:
@@ -215,7 +211,7 @@ class Workers:
                 return
 
     def _hits(self, reads: list[tuple[int, int, int, list[Any]]], by_origin: list[int],
-              nbytes: int, seconds: list[float]) -> None:
+              nbytes: int, seconds: list[float], errors: list[tuple[str, int, int]]) -> None:
         self._batches += 1
         self._hit_reads += len(reads)
         for file_id, offset, size, visits in reads:
@@ -225,6 +221,8 @@ class Workers:
                 continue  # gone since: no stream left to note it on
             self._reader.served(stream, offset, size, visits)
         self._reader.account_served(by_origin, nbytes, seconds)
+        for op, err, count in errors:
+            metrics.FUSE_ERRORS.labels(op=op, errno=errno.errorcode.get(err, str(err))).inc(count)
 
     async def _read(self, file_id: int, offset: int, size: int) -> bytes:
         fh = pyfuse3.FileHandleT(self._ns.inode(file_id))

@@ -65,10 +65,6 @@ BEHIND_GRACE_S = 300.0
 class KernelCache(Protocol):
     """The kernel's caches of the mount, to invalidate (``kernel.KernelCache``)."""
 
-    def namespace_changed(self, generation: int) -> None:
-        """The namespace is at ``generation`` now; called before anything is forgotten
-        (serving workers read it again first); never blocks."""
-
     def forget_entry(self, parent: int, name: bytes) -> None:
         """Drop a cached name; never blocks (called on the trio thread)."""
 
@@ -271,7 +267,6 @@ class Refresher:
         kernel = self._kernel
         if kernel is None:
             return
-        kernel.namespace_changed(applied.info.generation)
         for parent, name in applied.names:
             kernel.forget_entry(parent, name)
         if applied.inodes:

@@ -202,17 +202,11 @@ def _duplicate_name(txn: lmdb.Transaction[bytes], dent: lmdb._Database,
 class Namespace:
     """Read access to the replicated namespace, and the snapshot loader."""
 
-    def __init__(self, path: Path, *, beside: bool = False) -> None:
-        """Open (or create) the namespace in ``path``.
-
-        Args:
-            beside: opened by a process beside the mount that owns it (a serving worker,
-                which only reads): the seal is the owner's to check, at its open.
-        """
+    def __init__(self, path: Path) -> None:
+        """Open (or create) the namespace in ``path``."""
         self.path = path
         path.mkdir(parents=True, exist_ok=True)
-        if not beside:
-            namespace_seal.check(path)  # a file changed since its clean close goes aside
+        namespace_seal.check(path)  # a file changed since its clean close goes aside
         self._env = open_env(path, map_size=_MAP_SIZE, max_dbs=4, readahead=False, lock=True)
         self._attr = self._env.open_db(b"attr")
         self._dent = self._env.open_db(b"dent")

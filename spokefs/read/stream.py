@@ -46,8 +46,7 @@ class Stream:
 
 
 class StreamReader(Protocol):
-    """What the FUSE handlers ask of a read path (``reader.Reader`` in the mount's own
-    process, ``fuse.worker_reader.WorkerReader`` in a serving worker)."""
+    """What the FUSE handlers ask of a read path (``reader.Reader``; the tests' fakes)."""
 
     def open(self, fv: FileVersion, parent_id: int) -> Stream:
         """A stream for a newly opened file version."""

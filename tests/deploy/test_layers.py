@@ -17,8 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 _HUB_SIDE = ("hubd.cli", "hubd.server", "hubd.app", "spokefs.protocol")
 # The only modules that may import pyfuse3 (docs/contributing.md, "Layout").
 FUSE_LAYER = ("spokefs.fuse.ops", "spokefs.fuse.errors", "spokefs.fuse.kernel",
-              "spokefs.fuse.mount", "spokefs.fuse.session", "spokefs.fuse.worker",
-              "spokefs.fuse.worker_reader", "spokefs.fuse.workers")
+              "spokefs.fuse.mount", "spokefs.fuse.session", "spokefs.fuse.workers")
 # What runs without pyfuse3: the command line (all but the mount itself), the protocol, hubd.
 _NO_FUSE_SIDE = ("spokefs.cli.entry", "spokefs.cli.main", "spokefs.cli.commands",
                  "spokefs.cli.job_commands", "spokefs.cli.mount_helper", *_HUB_SIDE)

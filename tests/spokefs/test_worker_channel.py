@@ -4,6 +4,7 @@ is not a message, or goes away, is told apart from a message."""
 
 from __future__ import annotations
 
+import errno
 import socket
 import struct
 from pathlib import Path
@@ -11,7 +12,6 @@ from pathlib import Path
 import pytest
 import trio
 
-from spokefs.cache.chunk_reader import ReadResult
 from spokefs.config import SpokeConfig
 from spokefs.fuse.worker_channel import (
     HELLO,
@@ -19,13 +19,15 @@ from spokefs.fuse.worker_channel import (
     LISTED,
     READ,
     REPLY,
+    XATTR,
+    CallFailed,
+    Calls,
     Channel,
     ChannelBroken,
     ChannelClosed,
     WorkerSetup,
     encode,
 )
-from spokefs.fuse.worker_reader import Hits
 
 
 def pair() -> tuple[Channel, Channel, socket.socket]:
@@ -35,16 +37,31 @@ def pair() -> tuple[Channel, Channel, socket.socket]:
             Channel(trio.SocketStream(trio.socket.from_stdlib_socket(b))), raw)
 
 
+class Hits:
+    """What the native read loop's ``take_hits`` gives: the reads since the last call, their
+    counts summed, their latencies, the errors answered."""
+
+    def __init__(self) -> None:
+        self.reads: list[tuple[int, int, int, list[tuple[bytes, bool, int]]]] = []
+
+    def add(self, file_id: int) -> None:
+        self.reads.append((file_id, 0, 4096, [(b"k" * 24, False, 7)]))
+
+    def take(self) -> tuple[object, ...]:
+        n, self.reads = len(self.reads), []
+        return ([(i, 0, 4096, [(b"k" * 24, False, 7)]) for i in range(n)], [n, 2 * n, 0, 0],
+                4000 * n, [0.001] * n, [("lookup", errno.ENOENT, n)] if n else [])
+
+
 async def test_requests_replies_and_queued_events_arrive_in_order() -> None:
     ours, theirs, raw = pair()
     raw.close()
     hits = Hits()
-    found = ReadResult(data=b"d", seen=[(b"k" * 24, None)], by_origin=[1, 2, 0, 0])
     async with trio.open_nursery() as nursery:
         nursery.start_soon(theirs.send_queued)
         for i in range(300):  # (a test that sends more would need a reader running)
             theirs.queue(LISTED, i)
-            hits.add(i, 0, 4096, 4000, found, 0.001)
+            hits.add(i)
             theirs.queue_collected(HIT, hits.take)
         await theirs.send(READ, (1, 99, 0, 131072))
         got = [await ours.receive() for _ in range(302)]
@@ -54,10 +71,10 @@ async def test_requests_replies_and_queued_events_arrive_in_order() -> None:
         assert kinds.index(HIT) + 1 == kinds.index(READ)
         assert got[kinds.index(READ)] == (READ, (1, 99, 0, 131072))
         assert got[kinds.index(HIT)] == (
-            HIT, ([(i, 0, 4096, [(b"k" * 24, None, 0)]) for i in range(300)],
-                  [300, 600, 0, 0], 300 * 4000, [0.001] * 300))
+            HIT, ([(i, 0, 4096, [(b"k" * 24, False, 7)]) for i in range(300)],
+                  [300, 600, 0, 0], 300 * 4000, [0.001] * 300, [("lookup", errno.ENOENT, 300)]))
         assert [m for m in got if m[0] == LISTED] == [(LISTED, i) for i in range(300)]
-        assert hits.take() == ([], [0, 0, 0, 0], 0, [])  # and the collector starts again
+        assert hits.take() == ([], [0, 0, 0, 0], 0, [], [])  # and the collector starts again
         replies: list[tuple[int, object]] = []
         replied = trio.Event()
 
@@ -77,7 +94,7 @@ async def test_hello_carries_the_setup(tmp_path: Path) -> None:
     raw.close()
     cfg = SpokeConfig(hub_url="http://h:1", mountpoint=tmp_path, cache_dir=tmp_path,
                       cache_max_bytes=1 << 30, workers=3, open_mode="kernel")
-    setup = WorkerSetup(cfg, 2, b"\x01init", ("ro", "allow_other"), None)
+    setup = WorkerSetup(cfg, 1, 3, None)
     await ours.send_raw(encode(HELLO, setup.encode()))
     kind, body = await theirs.receive()
     assert kind == HELLO and WorkerSetup.decode(body) == setup
@@ -145,3 +162,32 @@ async def test_collected_messages_wait_for_company_but_not_longer_than_the_delay
         assert [await ours.receive(), await ours.receive()] == [(LISTED, 7), (HIT, [3])]
         assert trio.current_time() - t0 < 0.2
         nursery.cancel_scope.cancel()
+
+
+async def test_calls_match_replies_and_fail_when_the_coordinator_goes() -> None:
+    ours, theirs, raw = pair()
+    raw.close()
+    calls = Calls(theirs)
+    results: dict[str, object] = {}
+
+    async def call(name: str, kind: int, args: tuple[object, ...]) -> None:
+        try:
+            results[name] = await calls.call(kind, args)
+        except CallFailed as exc:
+            results[name] = exc.errno
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(call, "read", READ, (7, 0, 4096))
+        nursery.start_soon(call, "xattr", XATTR, (7, b"user.spokefs.status", 0))
+        first = [await ours.receive() for _ in range(2)]
+        by_kind = {kind: body for kind, body in first}
+        # answered in the other order: each reply goes to its own request
+        calls.replied(by_kind[XATTR][0], errno.ENODATA, b"")
+        calls.replied(by_kind[READ][0], 0, b"bytes")
+    assert results == {"read": b"bytes", "xattr": errno.ENODATA}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(call, "pending", READ, (8, 0, 1))
+        await ours.receive()
+        calls.close()  # the coordinator is gone: what waits fails, and so does what comes
+    await call("later", READ, (9, 0, 1))
+    assert results["pending"] == results["later"] == errno.EIO
