@@ -311,6 +311,17 @@ def mount_fails(url: str, mnt: Path, cache: Path, *args: str, timeout_s: float =
     return lines[0]
 
 
+def counted_metrics(mnt: Path, port: int) -> dict[str, float]:
+    """``scrape_metrics`` once every read the mount answered before this call is counted.
+
+    A serving worker's hits reach the mount's ``/metrics`` in batches, up to a few ms late;
+    a control attribute is answered by the mount's own process, and the worker sends it
+    every hit it gathered before it (``fuse.worker_channel``), so reading one orders the
+    scrape after them. With no worker the mount counts each read before answering it."""
+    os.getxattr(mnt, "user.spokefs.cached")
+    return scrape_metrics(port)
+
+
 def scrape_metrics(port: int) -> dict[str, float]:
     """A spoke's /metrics on 127.0.0.1:PORT, each metric summed over its labels."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:

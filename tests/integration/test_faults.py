@@ -416,8 +416,10 @@ def test_kill9_during_heavy_fill_then_remount_reads_exact_bytes(
             assert not before_kill, f"reads failed before the kill: {before_kill}"
             short = [x for x in tally.short if started <= x[0] < killed_at]
             assert not short, f"short reads before the kill: {short}"
-            res = run_spokefs("umount", str(spoke.mnt))  # clears the dead mount
-            assert res.returncode == 0, res.stderr
+            # a serving worker (the default) detaches the mount when its process dies;
+            # with none, `spokefs umount` clears the dead mount
+            res = run_spokefs("umount", str(spoke.mnt))
+            assert res.returncode == 0 or "is not mounted" in res.stderr, res.stderr
             assert not is_mounted(spoke.mnt)
             assert not tally.wrong, tally.wrong
     finally:

@@ -230,6 +230,7 @@ def test_warmed_blocks_are_counted_as_warm_hits(src, hub_factory, mount_factory)
     assert cached == size
     hub.stop()
     assert shard.read_bytes() == (src / "shards" / "s5.bin").read_bytes()
+    os.getxattr(spoke.mnt, "user.spokefs.cached")  # a worker's hits counted (counted_metrics)
     with urllib.request.urlopen(f"http://127.0.0.1:{free_port}/metrics", timeout=5) as resp:
         text = resp.read().decode()
     hits = {origin: float(v) for origin, v in re.findall(

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from spokefs.mounttab import find_mount
-from tests.helpers.procs import free_port, scrape_metrics
+from tests.helpers.procs import counted_metrics, free_port
 from tests.helpers.treegen import tar_of_members
 
 pytestmark = pytest.mark.fuse
@@ -77,8 +77,8 @@ def _drop_pages(path: Path) -> None:
         os.close(fd)
 
 
-def _served(port: int) -> tuple[int, int]:
-    m = scrape_metrics(port)
+def _served(mnt: Path, port: int) -> tuple[int, int]:
+    m = counted_metrics(mnt, port)
     return round(m["spokefs_reads_total"]), round(m["spokefs_read_bytes_total"])
 
 
@@ -95,10 +95,10 @@ def test_small_pieces_from_offset_0_cost_one_read_per_file(spoke: tuple[Path, in
         size = path.stat().st_size
         assert path.stat().st_blksize == 1 << (size - 1).bit_length()  # 128 or 256 KiB
         _drop_pages(path)
-        before = _served(port)
+        before = _served(mnt, port)
         with path.open("rb") as f:  # PIL's pattern: a header, a bit more, then the rest
             data = f.read(4 * KiB) + f.read(16 * KiB) + f.read()
-        reads, served = (a - b for a, b in zip(_served(port), before, strict=True))
+        reads, served = (a - b for a, b in zip(_served(mnt, port), before, strict=True))
         assert data == (tree / "small" / path.name).read_bytes()
         assert (reads, served) == (1, size), path.name
 
@@ -107,10 +107,10 @@ def test_tarfile_members_cost_one_read_per_tar(spoke: tuple[Path, int], tree: Pa
     mnt, port = spoke
     for path in sorted((mnt / "small").glob("*.tar")):
         _drop_pages(path)
-        before = _served(port)
+        before = _served(mnt, port)
         with tarfile.open(path) as tf:
             got = {m.name: tf.extractfile(m).read() for m in tf.getmembers()}  # type: ignore[union-attr]
-        reads = _served(port)[0] - before[0]
+        reads = _served(mnt, port)[0] - before[0]
         with tarfile.open(tree / "small" / path.name) as tf:
             assert got == {m.name: tf.extractfile(m).read()  # type: ignore[union-attr]
                            for m in tf.getmembers()}
@@ -126,22 +126,22 @@ def test_random_reads_of_a_large_file_do_not_over_read(spoke: tuple[Path, int],
     offsets = [b * 4 * KiB for b in random.Random(7).sample(range(1, LARGE // (4 * KiB)), 256)]
     asked = len(offsets) * 4 * KiB
     _drop_pages(path)
-    before = _served(port)
+    before = _served(mnt, port)
     fd = os.open(path, os.O_RDONLY)
     try:
         for off in offsets:
             assert os.pread(fd, 4 * KiB, off) == source[off:off + 4 * KiB]
     finally:
         os.close(fd)
-    reads, served = (a - b for a, b in zip(_served(port), before, strict=True))
+    reads, served = (a - b for a, b in zip(_served(mnt, port), before, strict=True))
     assert reads <= len(offsets) and served <= asked * 1.1, (reads, served, asked)
     _drop_pages(path)
-    before = _served(port)
+    before = _served(mnt, port)
     with path.open("rb") as f:
         for off in offsets:
             f.seek(off)
             assert f.read(4 * KiB) == source[off:off + 4 * KiB]
-    served = _served(port)[1] - before[1]
+    served = _served(mnt, port)[1] - before[1]
     assert served <= asked * 1.1, (served, asked)
 
 
