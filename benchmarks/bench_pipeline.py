@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""A PyTorch DataLoader over one mount served by 1 and 2 processes, local disk beside it:
+"""A PyTorch DataLoader over one mount, served by its own process alone and by its native read
+loop's threads, local disk beside it:
 raw bytes, and real JPEGs through torchvision's ``ImageFolder`` with the ImageNet training
 transforms (issue 22, deliverable 5: the DataLoader rows).
 
@@ -12,9 +13,11 @@ mode of ``--modes`` and each configuration in turn:
 - ``local``: drop the page cache, one epoch over the source directory;
 - ``ceiling``: the same through ``ceiling_fs.py`` (the minimal pyfuse3 filesystem, files in
   memory, the spoke's request path): what any FUSE server in Python costs this pipeline;
-- ``w1`` / ``w2``: a fresh ``spokefs mount --workers N --open-mode kernel`` on the filled cache
-  (a remount), wait for its workers, drop the page cache, one epoch over the mount; unmount,
-  clean exit 0 and no block fetched required.
+- ``wN`` (``w0``, ``w8``, ...): a fresh ``spokefs mount --workers N --open-mode kernel`` on the
+  filled cache (a remount; ``w0``: the mount's own process serves alone, ``w8``: 8 threads of
+  the native read loop, what ``--workers auto`` gives a 2-core machine), wait for its
+  threads, drop the page cache, one epoch over the mount; unmount, clean exit 0 and no block
+  fetched required.
 
 Modes, each a DataLoader with ``--loader-workers`` workers (4) and batches of 64, in a child
 process (``pipeline_epoch.py``, which imports only torch, torchvision and PIL) that prints its
@@ -32,7 +35,7 @@ the spoke, or ceiling_fs's, utime + stime) per sample; the spoke's FUSE READs pe
 Medians (min-max) over runs; graded against issue 22's goal for the real pipeline; one JSON
 line to benchmarks/results/pipeline.jsonl.
 
-    python benchmarks/bench_pipeline.py [--runs 3] [--modes io,jpeg] [--configs local,ceiling,w1,w2]
+    python benchmarks/bench_pipeline.py [--runs 3] [--modes io,jpeg] [--configs local,ceiling,w0,w8]
         [--files 3000] [--dirs 30] [--torch-python /var/tmp/tv-venv/bin/python]
         [--work-dir /var/tmp/spokefs-pipeline] [--results F] [--smoke]
 
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import statistics
 import subprocess
@@ -123,6 +127,7 @@ def spoke_epoch(python: str, mode: str, workers: int, hub: Any, cache: Path,
         c0 = bl.tree_cpu_ticks(pids)
         k0 = bl.scrape(m.metrics_url, COUNTERS, sum_labels=True)
         got = run_epoch(python, mode, mnt, args, deadline)
+        bl.reads_settled(m.metrics_url, deadline)  # the worker's last hits, counted
         k1 = bl.scrape(m.metrics_url, COUNTERS, sum_labels=True)
         c1 = bl.tree_cpu_ticks(bl.tree_pids(m.pid))
         got["spoke_cpu_s"] = sum(c1[p] - c0.get(p, 0) for p in c1) / bl.CLK_TCK
@@ -166,7 +171,7 @@ def main() -> int:
     ap.add_argument("--loader-workers", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--modes", default="io,jpeg")
-    ap.add_argument("--configs", default="local,ceiling,w1,w2")
+    ap.add_argument("--configs", default="local,ceiling,w0,w8")
     ap.add_argument("--files", type=int, default=3000)
     ap.add_argument("--dirs", type=int, default=30)
     ap.add_argument("--seed", type=int, default=20261204)
@@ -183,8 +188,8 @@ def main() -> int:
     if any(m not in ("io", "jpeg") for m in modes) or not modes:
         raise SystemExit("--modes: io and/or jpeg")
     if not configs or configs[0] != "local" or any(
-            c not in ("ceiling", "w1", "w2", "w3") for c in configs[1:]):
-        raise SystemExit("--configs: local first, then ceiling, w1, w2 or w3")
+            c != "ceiling" and re.fullmatch(r"w\d+", c) is None for c in configs[1:]):
+        raise SystemExit("--configs: local first, then ceiling and/or wN (N serving threads)")
     deadline = bl.Deadline(args.max_seconds)
     args.work_dir.mkdir(parents=True, exist_ok=True)
     data = args.work_dir / f"jpeg-{args.files}x{args.dirs}-s{args.seed}"
@@ -219,7 +224,7 @@ def main() -> int:
                         elif cfg == "ceiling":
                             got = ceiling_epoch(python, mode, data, run_dir, args, deadline)
                         else:
-                            got = spoke_epoch(python, mode, int(cfg[1]), hub, cache,
+                            got = spoke_epoch(python, mode, int(cfg[1:]), hub, cache,
                                               run_dir, f"{mode}-{cfg}-{r}", args, deadline)
                         got |= {"mode": mode, "config": cfg, "run": r,
                                 "samples_per_s": got["samples"] / got["seconds"]}

@@ -177,9 +177,9 @@ def measure(metrics_url: str | None, paths: list[Path],
             run: Callable[[], int]) -> dict[str, Any]:
     """Run one workload on page-cache-cold files; what the spoke served for it."""
     drop_pages(paths)
-    before = bl.scrape(metrics_url, ("spokefs_read",), sum_labels=True)
+    before = bl.scrape_counted(paths[0], metrics_url, ("spokefs_read",), sum_labels=True)
     asked = run()
-    after = bl.scrape(metrics_url, ("spokefs_read",), sum_labels=True)
+    after = bl.scrape_counted(paths[0], metrics_url, ("spokefs_read",), sum_labels=True)
 
     def delta(name: str) -> int:
         return round(after.get(name, 0.0) - before.get(name, 0.0))

@@ -51,7 +51,6 @@ import random
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -65,8 +64,7 @@ import benchlib as bl  # noqa: E402
 RESULTS = HERE / "results" / "request_cost.jsonl"
 FILE_BYTES = 128 * 1024
 PHASES = ("readdir", "lookup", "getattr", "read", "read-again")
-SERVERS = ("ceiling", "native", "w1", "w2")  # the default; any wN may be asked
-NATIVE_READY_RE = re.compile(r"^ceiling_native: mounted (\d+) files")
+SERVERS = ("ceiling", "native", "w0", "w1", "w2")  # the default; any wN may be asked
 AT_FDCWD, AT_STATX_FORCE_SYNC, STATX_BASIC_STATS = -100, 0x2000, 0x7FF
 WARM_FILE = Path("warm-up") / "first.bin"  # opened before the phases, outside them
 
@@ -198,28 +196,10 @@ def ceiling_pass(data: Path, rels: list[Path], dirs: list[str], run_dir: Path,
         return measure(mnt, rels, dirs, [m.pid], counts)
 
 
-def build_native(work: Path) -> Path | str:
-    """``ceiling_native.c`` compiled into ``work``: its path, or why it could not be."""
-    if shutil.which("cc") is None:
-        return "no C compiler (cc)"
-    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True,
-                           text=True, check=False)
-    if flags.returncode != 0:
-        return "no libfuse3 development files (pkg-config fuse3)"
-    out = work / "ceiling_native"
-    done = subprocess.run(["cc", "-O2", "-o", str(out), str(HERE / "ceiling_native.c"),
-                           *flags.stdout.split()], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        return f"cc failed: {done.stderr.strip()[-300:]}"
-    return out
-
-
 def native_pass(binary: Path, data: Path, rels: list[Path], dirs: list[str], run_dir: Path,
                 deadline: bl.Deadline) -> dict[str, Any]:
     mnt = run_dir / "mnt-native"
-    with bl.fuse_process("ceiling_native", [str(binary), str(data), str(mnt)], mnt,
-                         run_dir / "native.log", NATIVE_READY_RE, deadline,
-                         start_timeout_s=600) as m:
+    with bl.native_mount(binary, data, mnt, run_dir / "native.log", deadline) as m:
         time.sleep(0.5)
         bl.drop_caches()
         got = measure(mnt, rels, dirs, [m.pid], lambda: None)
@@ -289,9 +269,9 @@ def main() -> int:
     if args.smoke:
         args.runs, args.files, args.dirs = 1, 200, 4
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
-    if not servers or any(s not in ("ceiling", "native") and re.fullmatch(r"w[1-8]", s) is None
+    if not servers or any(s not in ("ceiling", "native") and re.fullmatch(r"w[0-8]", s) is None
                           for s in servers):
-        raise SystemExit("--servers: a list of ceiling, native and w1..w8")
+        raise SystemExit("--servers: a list of ceiling, native and w0..w8")
     if "ceiling" not in servers:
         raise SystemExit("--servers: the ceiling counts the requests: keep it in")
     servers.sort(key=lambda s: s != "ceiling")  # first: the others take its counts
@@ -304,7 +284,7 @@ def main() -> int:
     record |= {"config": {k: str(v) for k, v in vars(args).items() if k != "results"},
                "open_mode": "kernel", "passes": [], "problems": [], "error": None}
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=args.work_dir))
-    native = build_native(run_dir) if "native" in servers else None
+    native = bl.build_native(run_dir) if "native" in servers else None
     if isinstance(native, str):
         record["notes"] = [f"native: not run: {native}"]
         print(f"native: not run: {native}", flush=True)
@@ -352,8 +332,8 @@ def main() -> int:
     for server in servers:
         row = ["ceiling_fs (minimal pyfuse3)" if server == "ceiling" else
                "ceiling_native (the same in C, libfuse)" if server == "native" else
-               "spoke, 1 process" if server == "w1" else
-               f"spoke, coordinator + {int(server[1]) - 1} worker(s)"]
+               "spoke, its own process alone (--workers 0)" if server == "w0" else
+               f"spoke, native read loop, {server[1]} thread(s)"]
         for name in PHASES:
             fig = bl.Figure()
             for p in record["passes"]:

@@ -5,11 +5,14 @@
  * The same request path as ceiling_fs.py and the spoke: OPEN and OPENDIR answered ENOSYS (the
  * kernel opens files and directories itself), plain READDIR (READDIRPLUS not asked for), long
  * entry and attribute timeouts, mount options ro, allow_other, default_permissions; one
- * thread, as one pyfuse3 process is. At start the tree under ROOT is read into memory;
- * symlinks and other kinds are skipped.
+ * thread, as one pyfuse3 process is, or THREADS of libfuse's multi-threaded loop (what the
+ * spoke's native read loop with as many threads is up against: bench_workers.py). At start
+ * the tree under ROOT is read into memory; symlinks and other kinds are skipped. With
+ * --passthrough it is not: each READ is a pread of the file under ROOT, so the bytes come
+ * from the disk (or the page cache) as a disk cache's do, at the cost of one copy.
  *
  *     cc -O2 -o ceiling_native ceiling_native.c $(pkg-config --cflags --libs fuse3)
- *     ceiling_native ROOT MNT
+ *     ceiling_native [--passthrough] ROOT MNT [THREADS]
  *
  * Prints "ceiling_native: mounted N files (B bytes) at MNT" once mounted; exits 0 after
  * fusermount3 -u MNT or SIGTERM/SIGINT (then it unmounts itself).
@@ -36,6 +39,7 @@ struct child {
 struct node {
     struct stat st;
     char *data;            /* a file's bytes */
+    int fd;                /* --passthrough: the file, open */
     struct child *kids;    /* a directory's entries, in name order */
     size_t nkids;
 };
@@ -43,6 +47,7 @@ struct node {
 static struct node *nodes; /* nodes[ino]; ino 1 is the root */
 static size_t nnodes, cap;
 static size_t nfiles, nbytes;
+static int passthrough;    /* files read from their disk at each READ, not kept in memory */
 
 static void die(const char *what, const char *path)
 {
@@ -88,7 +93,13 @@ static void load(const char *path, fuse_ino_t dir)
         if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
             continue;
         fuse_ino_t ino = add(&st);
-        if (S_ISREG(st.st_mode)) {
+        if (S_ISREG(st.st_mode) && passthrough) {
+            nodes[ino].fd = open(sub, O_RDONLY);
+            if (nodes[ino].fd < 0)
+                die("cannot open", sub);
+            nfiles++;
+            nbytes += st.st_size;
+        } else if (S_ISREG(st.st_mode)) {
             char *buf = malloc(st.st_size ? st.st_size : 1);
             int fd = open(sub, O_RDONLY);
             if (!buf || fd < 0 || read(fd, buf, st.st_size) != st.st_size)
@@ -182,7 +193,18 @@ static void ll_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
         return;
     }
     size_t left = n->st.st_size - off;
-    fuse_reply_buf(req, n->data + off, size < left ? size : left);
+    size_t len = size < left ? size : left;
+    if (passthrough) {  /* one pread into a buffer, as a server reading its disk cache */
+        char *buf = malloc(len);
+        ssize_t got = buf ? pread(n->fd, buf, len, off) : -1;
+        if (got < 0)
+            fuse_reply_err(req, buf ? errno : ENOMEM);
+        else
+            fuse_reply_buf(req, buf, (size_t)got);
+        free(buf);
+        return;
+    }
+    fuse_reply_buf(req, n->data + off, len);
 }
 
 static void ll_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
@@ -223,10 +245,17 @@ static const struct fuse_lowlevel_ops ops = {
 
 int main(int argc, char **argv)
 {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s ROOT MNT\n", argv[0]);
+    char *prog = argv[0];
+    if (argc > 1 && !strcmp(argv[1], "--passthrough")) {
+        passthrough = 1;
+        argv++;
+        argc--;
+    }
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: %s [--passthrough] ROOT MNT [THREADS]\n", prog);
         return 2;
     }
+    int threads = argc == 4 ? atoi(argv[3]) : 1;
     struct stat st;
     if (stat(argv[1], &st) != 0 || !S_ISDIR(st.st_mode))
         die("not a directory:", argv[1]);
@@ -234,7 +263,7 @@ int main(int argc, char **argv)
     add(&st); /* ino 1: the root */
     load(argv[1], FUSE_ROOT_ID);
 
-    char *fargv[] = {argv[0], "-o", "ro,allow_other,default_permissions,fsname=ceilingnative"};
+    char *fargv[] = {prog, "-o", "ro,allow_other,default_permissions,fsname=ceilingnative"};
     struct fuse_args args = FUSE_ARGS_INIT(3, fargv);
     struct fuse_session *se = fuse_session_new(&args, &ops, sizeof ops, NULL);
     if (!se || fuse_set_signal_handlers(se) != 0 || fuse_session_mount(se, argv[2]) != 0) {
@@ -243,7 +272,10 @@ int main(int argc, char **argv)
     }
     printf("ceiling_native: mounted %zu files (%zu bytes) at %s\n", nfiles, nbytes, argv[2]);
     fflush(stdout);
-    int rc = fuse_session_loop(se);
+    /* THREADS > 1: libfuse's multi-threaded loop on the one descriptor (no clone_fd), up to
+     * THREADS idle threads kept; 1: the single-threaded loop, as one pyfuse3 process is */
+    struct fuse_loop_config lc = {.clone_fd = 0, .max_idle_threads = (unsigned)threads};
+    int rc = threads > 1 ? fuse_session_loop_mt(se, &lc) : fuse_session_loop(se);
     fuse_session_unmount(se);
     fuse_remove_signal_handlers(se);
     fuse_session_destroy(se);

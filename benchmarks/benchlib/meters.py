@@ -165,9 +165,36 @@ def scrape(url: str | None, prefixes: tuple[str, ...] = ("",), sum_labels: bool 
     return out
 
 
+def scrape_counted(path: Path, url: str | None, prefixes: tuple[str, ...] = ("",),
+                   sum_labels: bool = False) -> dict[str, float]:
+    """``scrape`` once every read a spoke answered before the call is counted: a control
+    attribute of ``path`` (on the mount) is answered by the mount's own process, and its
+    serving worker sends every hit it gathered ahead of it (they go in batches otherwise,
+    up to a few ms late)."""
+    os.getxattr(path, "user.spokefs.cached")
+    return scrape(url, prefixes, sum_labels)
+
+
+def reads_settled(url: str | None, deadline: Deadline) -> float:
+    """Wait until the reads a spoke counts (``spokefs_reads_total``) stop moving for 0.6 s: its
+    coordinator has taken every hit its worker sent (they go in batches, up to 5 ms late, and
+    the coordinator may be behind); the seconds waited. Raises BenchError after 120 s."""
+    t0 = time.monotonic()
+    reads, still = -1.0, 0
+    while still < 3:
+        time.sleep(0.2)
+        now = scrape(url, ("spokefs_reads_total",), sum_labels=True).get(
+            "spokefs_reads_total", 0.0)
+        still = still + 1 if now == reads else 0
+        reads = now
+        if time.monotonic() - t0 > deadline.timeout(120):
+            raise BenchError("the reads counted did not settle within 120 s")
+    return round(time.monotonic() - t0 - 0.6, 2)
+
+
 def wait_workers(url: str | None, want: int, pid: int, deadline: Deadline) -> float:
-    """Wait until a spoke's ``spokefs_workers`` gauge reads ``want`` (its ``--workers`` less
-    one are serving); the seconds waited. Raises BenchError after ``WORKERS_WAIT_S``."""
+    """Wait until a spoke's ``spokefs_workers`` gauge reads ``want`` (its ``--workers``
+    threads serve); the seconds waited. Raises BenchError after ``WORKERS_WAIT_S``."""
     t0 = time.monotonic()
     end = t0 + deadline.timeout(WORKERS_WAIT_S)
     while True:

@@ -300,12 +300,12 @@ def fill_cache(url: str, data: Path, rels: Sequence[Path], cache: Path, mnt: Pat
 def warm_spoke(url: str, mnt: Path, cache: Path, log_path: Path, deadline: Deadline,
                workers: int, settle_s: float = 0.5) -> Iterator[Mount]:
     """``spoke_mount`` on a filled cache (a remount) with ``--workers N --open-mode kernel``,
-    once its workers serve and its first namespace poll is over, with the page cache
-    dropped: where a warm pass after a remount starts. Unmounted at the end as
+    once its worker's N threads serve and its first namespace poll is over, with the page
+    cache dropped: where a warm pass after a remount starts. Unmounted at the end as
     ``spoke_mount`` does (``Mount.result``)."""
     with spoke_mount(url, mnt, cache, log_path, deadline,
                      extra_args=["--workers", str(workers), "--open-mode", "kernel"]) as m:
-        wait_workers(m.metrics_url, workers - 1, m.pid, deadline)
+        wait_workers(m.metrics_url, workers, m.pid, deadline)
         time.sleep(settle_s)
         drop_caches()
         yield m
@@ -353,6 +353,40 @@ def ceiling_mount(root: Path, mnt: Path, log_path: Path, deadline: Deadline) -> 
     served by a Python process on this machine."""
     argv = [sys.executable, str(HERE / "ceiling_fs.py"), str(root), str(mnt)]
     with fuse_process("ceiling_fs", argv, mnt, log_path, CEILING_READY_RE, deadline) as m:
+        yield m
+
+
+NATIVE_READY_RE = re.compile(r"^ceiling_native: mounted (\d+) files")
+
+
+def build_native(work: Path) -> Path | str:
+    """``ceiling_native.c`` compiled into ``work``: its path, or why it could not be."""
+    if shutil.which("cc") is None:
+        return "no C compiler (cc)"
+    flags = subprocess.run(["pkg-config", "--cflags", "--libs", "fuse3"], capture_output=True,
+                           text=True, check=False)
+    if flags.returncode != 0:
+        return "no libfuse3 development files (pkg-config fuse3)"
+    out = work / "ceiling_native"
+    done = subprocess.run(["cc", "-O2", "-o", str(out), str(HERE / "ceiling_native.c"),
+                           *flags.stdout.split()], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return f"cc failed: {done.stderr.strip()[-300:]}"
+    return out
+
+
+
+@contextlib.contextmanager
+def native_mount(binary: Path, root: Path, mnt: Path, log_path: Path, deadline: Deadline,
+                 threads: int = 1, passthrough: bool = False) -> Iterator[Mount]:
+    """benchmarks/ceiling_native.c (built by ``build_native``) serving ``root`` at ``mnt`` on
+    ``threads`` threads, from memory (the ceiling of FUSE on this machine) or, with
+    ``passthrough``, by a pread of the file under ``root`` per READ (the ceiling of a FUSE
+    server whose bytes come from its disk)."""
+    argv = [str(binary), *(["--passthrough"] if passthrough else []), str(root), str(mnt),
+            str(threads)]
+    with fuse_process("ceiling_native", argv, mnt, log_path, NATIVE_READY_RE, deadline,
+                      start_timeout_s=600) as m:
         yield m
 
 
