@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""CPU per FUSE request, by operation: the spoke (one process and two) beside the minimal
-pyfuse3 filesystem (``ceiling_fs.py``) with the same open mode (issue 22, deliverable 4), and
-the same filesystem in C on libfuse (``ceiling_native.c``: what a request costs when no Python
-runs, the floor a native read loop would start from).
+"""CPU per FUSE request, by operation: the spoke (its own process alone, and its native read
+loop's threads) beside the minimal pyfuse3 filesystem (``ceiling_fs.py``) with the same open
+mode (issue 22, deliverable 4), and the same filesystem in C on libfuse (``ceiling_native.c``:
+what a request costs when no Python runs, the floor of a native read loop).
 
 Data: ``--files`` files of 128 KiB of random bytes in ``--dirs`` directories (default 4,000
 in 40), under ``--work-dir``, served by a hubd on loopback. The spoke's cache is filled once
 per invocation by a cold pass that checks every byte. Then ``--runs`` times, each server of
 ``--servers`` in turn (``ceiling``, ``native``: ``ceiling_native.c`` compiled with ``cc`` into
-the work dir, skipped with a note where it cannot be built; ``w1``: the spoke alone, ``wN``: the
-spoke and N-1 workers),
+the work dir, skipped with a note where it cannot be built; ``w0``: the spoke's own process
+alone, ``wN``: the spoke with N threads of its native read loop),
 each on a fresh mount (for the spoke a remount of the filled cache, ``--open-mode kernel``),
 page cache, dentries and inodes dropped, these phases, each one syscall per name:
 
@@ -33,7 +33,7 @@ thread that leaves a thread cache mid-phase was idle) / the requests. Medians
 (min-max) over runs; one JSON line to benchmarks/results/request_cost.jsonl.
 
     python benchmarks/bench_request_cost.py [--runs 3] [--files 4000] [--dirs 40]
-        [--servers ceiling,native,w1,w2,w3] [--work-dir /var/tmp/spokefs-request-cost]
+        [--servers ceiling,native,w0,w1,w2] [--work-dir /var/tmp/spokefs-request-cost]
         [--results FILE] [--smoke]
 
 Needs root (drop_caches, allow_other), fusermount3, the patched pyfuse3. ``--smoke``: 200

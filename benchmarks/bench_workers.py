@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""One mount served by several processes (``spokefs mount --workers N``): warm files/s and
-MB/s with cheap native readers, local disk beside them, with 1, 2 (and 3) serving processes
-and with the spoke held to one core and to two (issue 22, deliverable 5).
+"""One mount served on every core (``spokefs mount --workers N``: N threads of the native
+read loop in one worker process; 0: the mount's own process alone): warm files/s and MB/s
+with cheap native readers, local disk and the C ceilings beside them, with the spoke held to
+one core and to two (issue 22, deliverable 5).
 
 Two workloads, each read by shell commands a user would type (the readers are never pinned):
 
@@ -22,35 +23,42 @@ invocation, each workload's cache dir is filled once by a cold pass that checks 
   command over the source directory;
 - ``wN`` / ``wN-cpu0`` / ``wN-cpu01``: a fresh ``spokefs mount --workers N --open-mode
   kernel`` on the filled cache dir (``taskset -c 0`` or ``-c 0,1`` in front of it for the
-  cpu variants: the spoke's workers inherit its affinity), wait until ``/metrics`` says
-  ``spokefs_workers`` == N-1, drop the page cache, run the command over the mount; then,
-  untimed, drop again and check the bytes of a sample through the mount (64 small files by
-  8 threads; the first 8 MiB of every shard), unmount (``fusermount3 -u``, lazily if busy)
-  and require a clean exit 0;
+  cpu variants: the worker inherits its affinity), wait until ``/metrics`` says
+  ``spokefs_workers`` == N (its threads serve), drop the page cache, run the command over the
+  mount, wait until the reads counted settle (the worker's last hits); then, untimed, drop
+  again and check the bytes of a sample through the mount (64 small files by 8 threads; the
+  first 8 MiB of every shard), unmount (``fusermount3 -u``, lazily if busy) and require a
+  clean exit 0;
 - ``w2-split`` (small files only): as ``w2``, but the mount's own process (the coordinator)
   is stopped (``SIGSTOP``) while the readers run, so its worker answers every request; then
   ``SIGCONT``, and the coordinator takes the worker's queued hits until ``/metrics`` stops
-  moving. Figures: the worker alone (files/s, CPU per file) and what the coordinator pays per
-  worker hit (its CPU over the catch-up / reads counted), which bounds how many files/s one
-  coordinator can take from any number of workers (the model in docs/design.md).
+  moving. Figures: the worker alone (files/s, CPU per file, and of it its Python thread's)
+  and what the coordinator pays per worker hit (its CPU over the catch-up / reads counted),
+  which bounds how many files/s one coordinator can take (the model in docs/design.md);
+- ``nativeN`` / ``passthroughN``: ``ceiling_native.c`` (C on libfuse, N threads) serving the
+  same files from its memory, or by a ``pread`` of the source file per READ (what any FUSE
+  server reading its own disk pays here); page cache dropped first.
 
 Figures per pass: files/s (small) or MB/s (10^6 B/s, seq); the ratio to the same run's
-local pass; the spoke's CPU (utime + stime from /proc of the mount's process and of each of
-its children, the workers, before and after the pass: a worker's CPU is not in its parent's
-while it lives) per file (ms) or per GB (s); the spoke's busy cores (CPU-s / wall s); the
-machine's busy share; the spoke's counters over the pass (FUSE reads, blocks fetched: 0 when
-warm, FUSE errors, worker restarts). Tables give medians (min-max) over runs; scaling is
-w2 / w1 run by run. Graded against issue 22's goals (``GOALS``) and appended as one JSON line
-to benchmarks/results/workers.jsonl (commit, dirty flag, kernel, CPUs, argv, open mode).
+local pass; the spoke's CPU (utime + stime from /proc of the mount's process and of its
+worker, before and after the pass: a worker's CPU is not in its parent's while it lives) per
+file (ms) or per GB (s); the spoke's busy cores (CPU-s / wall s); the machine's busy share;
+the spoke's counters over the pass (FUSE reads, blocks fetched: 0 when warm, FUSE errors,
+worker restarts). Tables give medians (min-max) over runs; scaling is w2 / w1 run by run.
+Graded against issue 22's goals (``GOALS``, on w8: what ``--workers auto`` gives this 2-core
+machine) and appended as one JSON line to benchmarks/results/workers.jsonl (commit, dirty
+flag, kernel, CPUs, argv, open mode).
 
     python benchmarks/bench_workers.py [--runs 3] [--files 6000] [--dirs 100] [--shards 8]
-        [--shard-mib 256] [--configs local,w1,w2,w3,w1-cpu0,w2-cpu0,w1-cpu01,w2-cpu01,w2-split]
-        [--workloads small,seq] [--work-dir /var/tmp/spokefs-workers] [--keep]
-        [--max-seconds 3600] [--results FILE] [--smoke]
+        [--shard-mib 256] [--configs local,w0,w1,w2,w8,w1-cpu0,w2-cpu0,w1-cpu01,w2-cpu01,
+        w2-split,native8,passthrough8] [--workloads small,seq]
+        [--work-dir /var/tmp/spokefs-workers] [--keep] [--max-seconds 3600] [--results FILE]
+        [--smoke]
 
 Needs root (FUSE allow_other, drop_caches), fusermount3, taskset, the patched pyfuse3
-(``--open-mode kernel``). ``--smoke``: 200 files, 2 x 8 MiB, 1 run, configurations local, w1,
-w2, w2-cpu0, w1-cpu01, w2-cpu01, w2-split (tests/benchmarks runs it, ~30 s).
+(``--open-mode kernel``), the native read loop, and for the C ceilings cc and libfuse3's
+headers. ``--smoke``: 200 files, 2 x 8 MiB, 1 run, configurations local, w0, w1, w2, w2-cpu0,
+w1-cpu01, w2-cpu01, w2-split (tests/benchmarks runs it, ~30 s).
 """
 
 from __future__ import annotations
@@ -387,26 +395,33 @@ def native_pass(wl: Workload, cfg: Config, binary: Path | str, run_dir: Path, ta
 def split_readers(wl: Workload, mnt: Path, pid: int, url: str | None, k0: dict[str, float],
                   deadline: bl.Deadline) -> tuple[float, dict[str, Any]]:
     """The readers with the coordinator stopped (only the worker can answer them), then the
-    coordinator's catch-up on the worker's hits: the readers' wall seconds, and the worker's
-    CPU and the coordinator's for that catch-up."""
+    coordinator's catch-up on the worker's hits: the readers' wall seconds, the worker's CPU
+    over both (and of it, its Python thread's), and the coordinator's for the catch-up."""
     workers = bl.tree_pids(pid)[1:]
     w0 = bl.tree_cpu_ticks(workers)
+    m0 = {p: bl.proc_cpu_ticks(p, p) for p in workers}  # the main thread: Python's pump
     os.kill(pid, signal.SIGSTOP)
     try:
         wall = run_readers(wl.command, mnt, deadline.timeout(1800))
-        w1 = bl.tree_cpu_ticks(workers)
     finally:
         os.kill(pid, signal.SIGCONT)
     c0 = bl.tree_cpu_ticks([pid])[pid]
     bl.reads_settled(url, deadline)
     c1 = bl.tree_cpu_ticks([pid])[pid]
+    # the worker's too, after the catch-up: what it could not send while the coordinator
+    # was stopped, it sends then
+    w1 = bl.tree_cpu_ticks(workers)
+    m1 = {p: bl.proc_cpu_ticks(p, p) for p in workers}
     got = bl.scrape(url, ("spokefs_reads_total",), sum_labels=True)
     reads = got.get("spokefs_reads_total", 0.0) - k0.get("spokefs_reads_total", 0.0)
     worker_s = sum(w1.get(p, 0) - w0.get(p, 0) for p in workers) / bl.CLK_TCK
+    pump_s = sum(m1[p] - m0[p] for p in workers) / bl.CLK_TCK
     coord_s = (c1 - c0) / bl.CLK_TCK
     return wall, {"worker_cpu_s": worker_s, "coordinator_catch_up_cpu_s": coord_s,
                   "reads_accounted": reads,
                   "worker_ms_per_file": worker_s * 1000 / len(wl.rels),
+                  # of which the worker's Python thread (events, hits to the coordinator)
+                  "worker_python_ms_per_file": pump_s * 1000 / len(wl.rels),
                   "coordinator_ms_per_hit": coord_s * 1000 / max(1.0, reads)}
 
 
@@ -456,6 +471,7 @@ def figures_of(wl: Workload, p: dict[str, Any], local: dict[str, Any] | None) ->
         f["spoke_busy_cores"] = p["spoke_cpu_s"] / p["wall_s"]
     if "split" in p:
         f["worker_ms_per_file"] = p["split"]["worker_ms_per_file"]
+        f["worker_python_ms_per_file"] = p["split"]["worker_python_ms_per_file"]
         f["coordinator_ms_per_hit"] = p["split"]["coordinator_ms_per_hit"]
     return f
 
@@ -538,7 +554,8 @@ def report_pass(wl: Workload, p: dict[str, Any], problems: list[str]) -> None:
             problems.append(f"{where}: workers still running after the unmount: "
                             f"{p['workers_left']}")
     if "split" in p:
-        line += (f"; split: worker {f['worker_ms_per_file']:.3f} ms/file, coordinator "
+        line += (f"; split: worker {f['worker_ms_per_file']:.3f} ms/file (Python "
+                 f"{f['worker_python_ms_per_file']:.3f}), coordinator "
                  f"{f['coordinator_ms_per_hit']:.3f} ms/hit over "
                  f"{p['split']['reads_accounted']:.0f} reads")
     line += f"; machine {p['machine_busy_pct']:.0f} % busy"
@@ -595,6 +612,8 @@ def tables(figs: dict[str, dict[str, bl.Figure]], configs: list[Config],
                 ["w2 split: the coordinator stopped during the pass", "figure"],
                 [["files/s, the worker alone", d["files_per_s"].text("{:,.0f}")],
                  ["worker CPU ms per file", d["worker_ms_per_file"].text("{:.3f}")],
+                 ["of which its Python thread (events, hits to the coordinator)",
+                  d["worker_python_ms_per_file"].text("{:.3f}")],
                  ["coordinator CPU ms per worker hit (its catch-up after SIGCONT)",
                   d["coordinator_ms_per_hit"].text("{:.3f}")]]))
         scale = [[f"w2 / w1, spoke on {SCALE_LABELS[k.split('/', 1)[1]]}",

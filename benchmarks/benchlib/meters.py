@@ -18,10 +18,12 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 WORKERS_WAIT_S = 60.0
 
 
-def proc_cpu_ticks(pid: int) -> int:
-    """utime + stime of pid (all its threads) in clock ticks; 0 if it is gone."""
+def proc_cpu_ticks(pid: int, tid: int | None = None) -> int:
+    """utime + stime of pid (all its threads), or of its thread ``tid`` alone, in clock
+    ticks; 0 if it is gone."""
+    stat = Path(f"/proc/{pid}/stat") if tid is None else Path(f"/proc/{pid}/task/{tid}/stat")
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = stat.read_text().rsplit(")", 1)[1].split()
         return int(fields[11]) + int(fields[12])
     except (OSError, IndexError, ValueError):
         return 0
