@@ -122,10 +122,15 @@ class AccessClock:
 
     def last(self, key: bytes) -> int:
         """Tick of the key's last visit, 0 if none is remembered (safe from any thread)."""
-        a, b, tag = self._slots(key)
+        return self._last_at(*self._slots(key))
+
+    def _last_at(self, a: int, b: int, tag: int) -> int:
+        """``last`` of the key whose slots and tag are these."""
         x, y = self._table[a], self._table[b]
-        found = [v & _TICK_MASK for v in (x, y) if v & ~_TICK_MASK == tag]
-        return min(found) if found else 0
+        if x & ~_TICK_MASK == tag:
+            return min(x & _TICK_MASK, y & _TICK_MASK) if y & ~_TICK_MASK == tag \
+                else x & _TICK_MASK
+        return y & _TICK_MASK if y & ~_TICK_MASK == tag else 0
 
     def is_visited(self, key: bytes, since: int) -> bool:
         """Whether the key was visited at or after tick ``since``."""
@@ -143,9 +148,9 @@ class AccessClock:
             return None
         if len(self._recent) > _RECENT:
             self._recent.popitem(last=False)
-        prev = self.last(key)
+        a, b, tag = self._slots(key)  # (hashed once: a visit is on every read's path)
+        prev = self._last_at(a, b, tag)
         self.tick += 1
-        a, b, tag = self._slots(key)
         self._table[a] = self._table[b] = tag | self.tick
         return prev
 

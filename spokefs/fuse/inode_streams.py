@@ -31,6 +31,7 @@ from spokefs.read.stream import Stream, StreamReader
 from spokefs.types import FileVersion
 
 _TRACKED = 4096
+_UNCHECKED = -2  # no generation: kept from a worker's read, not from a namespace look
 
 
 class InodeStreams:
@@ -56,9 +57,27 @@ class InodeStreams:
             if entry is not None:
                 self._reader.close(entry[1])
             stream = self._reader.open(fv, a.parent_id)
+        self._keep(ino, generation, stream)
+        return stream
+
+    def stream_read(self, ino: int, fv: FileVersion, parent_id: int) -> Stream:
+        """The stream a read of ``ino`` that a serving worker answered at ``fv`` is noted on:
+        the one kept if it reads that version, else a new one. It is kept unchecked: the
+        next ``stream`` looks at the namespace again (a worker's version may be older than
+        the namespace by now), and keeps the stream if the version is the same."""
+        entry = self._streams.get(ino)
+        if entry is not None and entry[1].fv == fv:
+            self._streams.move_to_end(ino)
+            return entry[1]
+        if entry is not None:
+            self._reader.close(entry[1])
+        stream = self._reader.open(fv, parent_id)
+        self._keep(ino, _UNCHECKED, stream)
+        return stream
+
+    def _keep(self, ino: int, generation: int, stream: Stream) -> None:
         self._streams[ino] = (generation, stream)
         self._streams.move_to_end(ino)
         if len(self._streams) > _TRACKED:
             _, (_, old) = self._streams.popitem(last=False)
             self._reader.close(old)
-        return stream

@@ -246,16 +246,12 @@ class SpokeOps(pyfuse3.Operations):
             fh=pyfuse3.FileHandleT(fh), keep_cache=mode.keep_cache, direct_io=mode.direct_io
         )
 
-    def stream(self, ino: int) -> Stream:
-        """The read stream of ``ino`` (kernel opens only): a serving worker's reads of it
-        are accounted on it (``workers``).
-
-        Raises:
-            NotFound: the inode is gone.
-        """
+    def stream_read(self, ino: int, fv: FileVersion, parent_id: int) -> Stream:
+        """The read stream of ``ino`` for a read a serving worker answered at ``fv``
+        (``InodeStreams.stream_read``; kernel opens only)."""
         if self._by_inode is None:
             raise RuntimeError("streams by inode need --open-mode kernel")
-        return self._by_inode.stream(ino)
+        return self._by_inode.stream_read(ino, fv, parent_id)
 
     @fuse_errors
     async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:

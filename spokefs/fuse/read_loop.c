@@ -100,7 +100,7 @@ struct visit {
 };
 
 struct hit {
-    uint64_t file_id, version, offset;
+    uint64_t file_id, version, file_size, parent, offset;  /* the version read, as served */
     uint32_t size, nvisits;
     double seconds;
     struct visit visits[MAX_CHUNKS];
@@ -669,9 +669,10 @@ static int verify(const unsigned char *value, size_t vlen, const struct head *hd
 /* Serve [off, end) of a file version from stored chunks: 1 when answered, 0 when the read
  * must go to the coordinator. */
 static int serve_cached(Loop *l, struct thread_state *t, const struct fuse_in_header *h,
-                        uint64_t fid, uint64_t version, uint64_t off, uint64_t end,
+                        uint64_t fid, const struct ns_attr *attr, uint64_t off, uint64_t end,
                         uint32_t asked, double started)
 {
+    uint64_t version = attr->version;
     struct iovec iov[1 + 2 * MAX_CHUNKS];
     struct piece { const unsigned char *value; size_t vlen; struct head hd; } pieces[MAX_CHUNKS];
     int n = 1;
@@ -744,6 +745,8 @@ static int serve_cached(Loop *l, struct thread_state *t, const struct fuse_in_he
     }
     hit.file_id = fid;
     hit.version = version;
+    hit.file_size = attr->size;
+    hit.parent = attr->parent;
     hit.offset = off;
     hit.size = asked;
     hit.seconds = now_s() - started;  /* (the reply's write not included) */
@@ -789,7 +792,7 @@ static void do_read(Loop *l, struct thread_state *t, struct ns_view *ns,
             reply_buf(l, h->unique, NULL, 0);
             return;
         }
-        if (serve_cached(l, t, h, fid, a.version, in->offset, end, in->size, started))
+        if (serve_cached(l, t, h, fid, &a, in->offset, end, in->size, started))
             return;
     }
     struct event *ev = new_event(EV_READ, h);  /* the coordinator serves it */
@@ -1232,7 +1235,8 @@ static PyObject *Loop_take_hits(Loop *self, PyObject *unused)
             }
             PyList_SET_ITEM(visits, j, v);
         }
-        PyObject *r = Py_BuildValue("(KKIN)", h->file_id, h->offset, h->size, visits);
+        PyObject *r = Py_BuildValue("(KKKKKIN)", h->file_id, h->version, h->file_size,
+                                    h->parent, h->offset, h->size, visits);
         PyObject *s = PyFloat_FromDouble(h->seconds);
         if (!r || !s) {
             Py_XDECREF(r);

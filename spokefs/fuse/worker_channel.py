@@ -12,7 +12,8 @@ Worker -> coordinator:
   checksum). Answered with ``REPLY``.
 - ``XATTR (rid, ino, name, uid)``: a control attribute (``user.spokefs.*``). ``REPLY``.
 - ``HIT (reads, by_origin, nbytes, seconds, errors)``: the reads the worker served from the
-  cache since its last batch: ``reads`` a list of ``(file_id, offset, size, visits)``, then
+  cache since its last batch: ``reads`` a list of ``(file_id, version, file_size,
+  parent_id, offset, size, visits)`` (the file version as the worker read it), then
   their metric counts summed (blocks per origin, bytes), each one's latency, and the errors
   the worker answered meanwhile, ``(handler, errno, count)``. The coordinator does what its
   own reads do besides serving (the prefetcher, the trace, visits for eviction, the metrics).
