@@ -32,12 +32,15 @@ of the session (INIT) is the coordinator's, and the loop speaks the FUSE protoco
 from __future__ import annotations
 
 import fcntl
+import functools
 import logging
 import os
 import signal
 import socket
 import struct
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -132,10 +135,12 @@ async def _pump(loop: ReadLoop, channel: Channel, calls: Calls, nursery: trio.Nu
             kind = event[0]
             if kind == "read":
                 _, unique, file_id, offset, size = event
-                nursery.start_soon(_forward_read, loop, calls, unique, file_id, offset, size)
+                nursery.start_soon(_forward, loop, calls, unique, READ, (file_id, offset, size),
+                                   functools.partial(loop.reply, unique))
             elif kind == "xattr":
                 _, unique, ino, name, uid, size = event
-                nursery.start_soon(_forward_xattr, loop, calls, unique, ino, name, uid, size)
+                nursery.start_soon(_forward, loop, calls, unique, XATTR, (ino, name, uid),
+                                   functools.partial(loop.reply_xattr, unique, size))
             elif kind == "listed":
                 channel.queue(LISTED, event[1])
             else:  # "end": the session is over (unmounted)
@@ -145,24 +150,16 @@ async def _pump(loop: ReadLoop, channel: Channel, calls: Calls, nursery: trio.Nu
             channel.queue_collected(HIT, loop.take_hits, now=pending >= HIT_BATCH)
 
 
-async def _forward_read(loop: ReadLoop, calls: Calls, unique: int, file_id: int, offset: int,
-                        size: int) -> None:
+async def _forward(loop: ReadLoop, calls: Calls, unique: int, kind: int, args: tuple[Any, ...],
+                   answer: Callable[[bytes], None]) -> None:
+    """Have the coordinator answer request ``unique`` (``READ`` or ``XATTR``): its bytes go
+    to ``answer``, its errno (EIO if it is gone) back to the kernel."""
     try:
-        data = await calls.call(READ, (file_id, offset, size))
+        got = await calls.call(kind, args)
     except CallFailed as exc:
         loop.reply_error(unique, exc.errno)
     else:
-        loop.reply(unique, data)
-
-
-async def _forward_xattr(loop: ReadLoop, calls: Calls, unique: int, ino: int, name: bytes, uid: int,
-                         size: int) -> None:
-    try:
-        value = await calls.call(XATTR, (ino, name, uid))
-    except CallFailed as exc:
-        loop.reply_error(unique, exc.errno)
-    else:
-        loop.reply_xattr(unique, size, value)
+        answer(got)
 
 
 async def _listen(channel: Channel, calls: Calls, mountpoint: os.PathLike[str],
