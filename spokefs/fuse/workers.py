@@ -96,8 +96,8 @@ class Workers:
         self._log_file = next((h.baseFilename for h in logging.getLogger().handlers
                                if isinstance(h, logging.FileHandler)), None)
         self._mount_fd = session.session_fd()
-        self._channels: dict[int, Channel] = {}
-        self._processes: dict[int, trio.Process] = {}
+        self._channel: Channel | None = None  # the running worker's, while it runs
+        self._process: trio.Process | None = None
         self._stopping = False
         self._batches = self._hit_reads = 0  # (logged at stop: how well hits are batched)
         metrics.WORKERS.set(0)
@@ -109,20 +109,21 @@ class Workers:
             task_status.started()
 
     async def stop(self) -> None:
-        """Say ``BYE`` to every worker and wait for them to exit (kill those that do not)."""
+        """Say ``BYE`` to the worker and wait for it to exit (kill it if it does not)."""
         self._stopping = True
         log.info("took %d reads served by workers in %d HIT messages", self._hit_reads,
                  self._batches)
-        for channel in list(self._channels.values()):
+        channel, process = self._channel, self._process
+        if channel is not None:
             with contextlib.suppress(ChannelClosed):  # gone already
                 await channel.send(BYE, ())
+        if process is None:
+            return
         with trio.move_on_after(_EXIT_WAIT_S):
-            for process in list(self._processes.values()):
-                await process.wait()
-        for process in self._processes.values():
-            if process.returncode is None:
-                log.warning("worker pid %d did not exit after bye: killing it", process.pid)
-                process.kill()
+            await process.wait()
+        if process.returncode is None:
+            log.warning("worker pid %d did not exit after bye: killing it", process.pid)
+            process.kill()
 
     async def _keep(self, index: int) -> None:
         pause = _RESTART_PAUSE_S[0]
@@ -159,8 +160,7 @@ class Workers:
         finally:
             theirs.close()
         channel = Channel(trio.SocketStream(trio.socket.from_stdlib_socket(ours)))
-        self._processes[index] = process
-        self._channels[index] = channel
+        self._process, self._channel = process, channel
         try:
             setup = WorkerSetup(self._cfg, index, self._threads, self._log_file)
             await channel.send_raw(encode(HELLO, setup.encode()))
@@ -171,14 +171,14 @@ class Workers:
         finally:
             session.pause_reading(False)  # the coordinator serves until the next one does
             metrics.WORKERS.set(0)
-            del self._channels[index]
+            self._channel = None
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(_EXIT_WAIT_S):
                     await process.wait()
                 if process.returncode is None:
                     process.kill()
                     await process.wait()
-                del self._processes[index]
+                self._process = None
                 await channel.aclose()
         return process.returncode
 
