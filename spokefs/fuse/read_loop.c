@@ -72,7 +72,7 @@
 /* The kernel refuses a read(2) of /dev/fuse into less than max_write plus the headers, and
  * libfuse offers max_write = 1 MiB (FUSE_MAX_MAX_PAGES pages) at INIT. */
 #define REQUEST_BUFFER ((1 << 20) + 64 * 1024)
-#define HIT_BATCH 64           /* worker_reader.HIT_BATCH: a full batch wakes Python at once */
+#define HIT_BATCH 64           /* a full batch wakes Python at once (the module's HIT_BATCH) */
 #define HITS_KEPT 8192         /* hits held while Python does not take them; beyond: dropped */
 #define CONTROL_PREFIX "user.spokefs."
 
@@ -1408,6 +1408,10 @@ PyMODINIT_FUNC PyInit_read_loop(void)
     PyObject *m = PyModule_Create(&module);
     if (!m)
         return NULL;
+    if (PyModule_AddIntConstant(m, "HIT_BATCH", HIT_BATCH) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&LoopType);
     if (PyModule_AddObject(m, "ReadLoop", (PyObject *)&LoopType) < 0) {
         Py_DECREF(&LoopType);

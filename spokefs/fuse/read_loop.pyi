@@ -2,6 +2,8 @@
 # from the LMDB namespace and block cache. See the C file's opening comment.
 from typing import Any
 
+HIT_BATCH: int  # hits gathered that wake the worker's Python thread at once
+
 class ReadLoop:
     def __init__(self, fd: int, namespace: str, blocks: str, blocks_map_bytes: int, uid: int,
                  gid: int, attr_timeout_s: float, whole_read_max: int, threads: int) -> None: ...

@@ -46,7 +46,7 @@ import trio
 
 from spokefs.cache.block_cache import BlockCache
 from spokefs.fuse.io_size import whole_read_max
-from spokefs.fuse.read_loop import ReadLoop  # C: the package is built with it (``workers``)
+from spokefs.fuse.read_loop import HIT_BATCH, ReadLoop  # C, built with the package
 from spokefs.fuse.worker_channel import (
     BYE,
     HIT,
@@ -68,7 +68,6 @@ log = logging.getLogger("spokefs.fuse.worker")  # not "__main__": it runs with -
 
 # _IOR(229, 0, uint32_t): <linux/fuse.h>
 FUSE_DEV_IOC_CLONE = 0x8004E500
-HIT_BATCH = 64  # hits that go to the coordinator at once, without waiting for more
 HIT_DELAY_S = 0.005  # what a hit waits at most for others to go with it (``worker_channel``)
 
 
