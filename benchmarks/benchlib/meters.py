@@ -84,13 +84,19 @@ def top_processes(before: dict[int, tuple[str, int]], after: dict[int, tuple[str
 
 
 class CpuMeter:
-    """CPU seconds of named pids, and the machine's busy share, between start() and stop()."""
+    """CPU seconds of named pids, each with its descendants (a spoke's ``--workers`` process
+    is a child whose CPU is not in the spoke's own until it is reaped), and the machine's busy
+    share, between start() and stop(). A descendant that ends between the two is not counted."""
 
     def __init__(self, pids: dict[str, int]) -> None:
         self.pids = pids
         self.t0 = time.perf_counter()
-        self.c0 = {k: proc_cpu_ticks(p) for k, p in pids.items()}
+        self.c0 = {k: tree_cpu_ticks(tree_pids(p)) for k, p in pids.items()}
         self.m0 = machine_ticks()
+
+    def _used(self, name: str) -> int:
+        now = tree_cpu_ticks(tree_pids(self.pids[name]))
+        return sum(t - self.c0[name].get(p, 0) for p, t in now.items())
 
     def stop(self) -> dict[str, Any]:
         """{"cpu_s": {name: seconds}, "machine_busy_pct": % of all cores (100 = all busy),
@@ -99,7 +105,7 @@ class CpuMeter:
         m1 = machine_ticks()
         busy = (m1[0] - self.m0[0]) / max(1, m1[1] - self.m0[1])
         return {
-            "cpu_s": {k: (proc_cpu_ticks(p) - self.c0[k]) / CLK_TCK for k, p in self.pids.items()},
+            "cpu_s": {k: self._used(k) / CLK_TCK for k in self.pids},
             "machine_busy_pct": round(busy * 100, 1),
             "machine_busy_cores": round(busy * (os.cpu_count() or 1), 2),
             "wall_s": wall,
