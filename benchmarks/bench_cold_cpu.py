@@ -206,6 +206,8 @@ def one_pass(args: argparse.Namespace, hub: bl.Hub, root: Path, paths: list[Path
             args.profile.mkdir(parents=True, exist_ok=True)
             spies = [start_profile(m.pid, args.profile / f"{tag}-spoke.txt"),
                      start_profile(hub.proc.pid, args.profile / f"{tag}-hub.txt")]
+            spies += [start_profile(pid, args.profile / f"{tag}-worker.txt")
+                      for pid in bl.tree_pids(m.pid)[1:2]]  # --workers: its process
             time.sleep(1.0)  # py-spy attaches
         meter = bl.CpuMeter({"spoke": m.pid, "hub": hub.proc.pid})
         nbytes = read_with(readers, rels)
@@ -218,7 +220,8 @@ def one_pass(args: argparse.Namespace, hub: bl.Hub, root: Path, paths: list[Path
            "machine_busy_pct": used["machine_busy_pct"]}
     if args.profile is not None:
         out["profile"] = {side: summarize(args.profile / f"{tag}-{side}.txt")
-                          for side in ("spoke", "hub")}
+                          for side in ("spoke", "worker", "hub")
+                          if (args.profile / f"{tag}-{side}.txt").exists()}
     return out
 
 
@@ -272,8 +275,7 @@ def main() -> int:
                       f"{got['spoke_cpu_s_per_gb']:.2f} CPU-s/GB, hub "
                       f"{got['hub_cpu_s_per_gb']:.2f}", flush=True)
                 if "profile" in got:
-                    for side in ("spoke", "hub"):
-                        prof = got["profile"][side]
+                    for side, prof in got["profile"].items():
                         print(f"  {side}: {prof['samples']} samples; most of their own:")
                         for fn, share in prof["self"][:12]:
                             print(f"    {share:6.1%}  {fn}")
