@@ -2,8 +2,8 @@
 
 The kernel hands each request of a mount to whichever of the mount's ``/dev/fuse``
 descriptors reads it first, and takes the reply on the same descriptor. A serving worker
-(``worker``) reads its own clone of the mount's descriptor (``FUSE_DEV_IOC_CLONE``, what
-libfuse's ``clone_fd`` does per thread): with a clone of its own, the requests it has read
+(``worker``) reads a clone of the mount's descriptor (``FUSE_DEV_IOC_CLONE``, what libfuse's
+``clone_fd`` does per thread; ``device``): with a clone of its own, the requests it has read
 but not answered end with an error when it dies (the kernel ends a closed clone's pending
 requests), where on a shared descriptor they would hang.
 

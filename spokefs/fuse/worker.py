@@ -1,16 +1,18 @@
-"""The serving worker of a mount: ``python -m spokefs.fuse.worker CHANNEL_FD MOUNT_FD``, started
-by the mount's coordinator (``workers``), never by hand.
+"""The serving worker of a mount: ``python -m spokefs.fuse.worker CHANNEL_FD DEVICE_FD``,
+started by the mount's coordinator (``workers``), never by hand.
 
-It serves the mount's FUSE requests on its own clone of the mount's ``/dev/fuse`` descriptor
-with the native read loop (``read_loop``, C): several threads answer lookups, attributes,
-listings and reads of cached bytes from the namespace and block cache, opened read-only beside
-the coordinator that writes them, without entering Python. What the loop hands over, this
+It serves the mount's FUSE requests on a clone of the mount's ``/dev/fuse`` descriptor that
+the coordinator made for it (``device``) with the native read loop (``read_loop``, C):
+several threads answer lookups, attributes, listings and reads of cached bytes from the
+namespace and block cache, opened read-only beside the coordinator that writes them, without
+entering Python. What the loop hands over, this
 module carries to the coordinator over the worker's channel (``worker_channel``):
 
 - a read the cache cannot answer (a miss, a block that failed its checksum, bytes only staged
-  in the coordinator's memory): ``READ``, and the coordinator's answer goes back as the
-  request's reply, errors included;
-- a control attribute (``user.spokefs.*``): ``XATTR``, likewise;
+  in the coordinator's memory): ``READ``, and the coordinator replies to the kernel itself,
+  errors included, on its copy of the clone;
+- a control attribute (``user.spokefs.*``): ``XATTR``, and the coordinator's answer goes back
+  over the channel as the request's reply, errors included;
 - the reads it served (``HIT``, in batches: up to 64, at most 5 ms late) and directories
   listed (``LISTED``), so the coordinator's prefetcher, trace, eviction and metrics see every
   read of the mount.
@@ -31,13 +33,12 @@ of the session (INIT) is the coordinator's, and the loop speaks the FUSE protoco
 
 from __future__ import annotations
 
-import fcntl
+import errno
 import functools
 import logging
 import os
 import signal
 import socket
-import struct
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -66,25 +67,7 @@ from spokefs.fuse.worker_channel import (
 
 log = logging.getLogger("spokefs.fuse.worker")  # not "__main__": it runs with -m
 
-# _IOR(229, 0, uint32_t): <linux/fuse.h>
-FUSE_DEV_IOC_CLONE = 0x8004E500
 HIT_DELAY_S = 0.005  # what a hit waits at most for others to go with it (``worker_channel``)
-
-
-def clone_device(mount_fd: int) -> int:
-    """A new ``/dev/fuse`` descriptor on the connection of ``mount_fd`` (blocking: the loop's
-    threads sleep in read(2), and the kernel wakes one of them per request).
-
-    Raises:
-        OSError: ``/dev/fuse`` cannot be opened or cloned.
-    """
-    clone = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
-    try:
-        fcntl.ioctl(clone, FUSE_DEV_IOC_CLONE, struct.pack("I", mount_fd))
-    except BaseException:
-        os.close(clone)
-        raise
-    return clone
 
 
 def open_loop(setup: WorkerSetup, fd: int) -> ReadLoop:
@@ -100,10 +83,9 @@ def open_loop(setup: WorkerSetup, fd: int) -> ReadLoop:
         whole_read_max(cfg), setup.threads)
 
 
-async def serve(setup: WorkerSetup, sock: socket.socket, mount_fd: int) -> None:
-    """Serve the mount until its session ends, the coordinator says bye or goes away."""
-    fd = clone_device(mount_fd)
-    os.close(mount_fd)
+async def serve(setup: WorkerSetup, sock: socket.socket, fd: int) -> None:
+    """Serve the mount on ``fd`` until its session ends, the coordinator says bye or goes
+    away."""
     loop = open_loop(setup, fd)
     channel = Channel(trio.SocketStream(trio.socket.from_stdlib_socket(sock)),
                       collect_delay_s=HIT_DELAY_S)
@@ -133,9 +115,7 @@ async def _pump(loop: ReadLoop, channel: Channel, calls: Calls, nursery: trio.Nu
         for event in loop.take_events():
             kind = event[0]
             if kind == "read":
-                _, unique, file_id, offset, size = event
-                nursery.start_soon(_forward, loop, calls, unique, READ, (file_id, offset, size),
-                                   functools.partial(loop.reply, unique))
+                nursery.start_soon(_hand_over, loop, channel, event[1:])
             elif kind == "xattr":
                 _, unique, ino, name, uid, size = event
                 nursery.start_soon(_forward, loop, calls, unique, XATTR, (ino, name, uid),
@@ -149,10 +129,19 @@ async def _pump(loop: ReadLoop, channel: Channel, calls: Calls, nursery: trio.Nu
             channel.queue_collected(HIT, loop.take_hits, now=pending >= HIT_BATCH)
 
 
+async def _hand_over(loop: ReadLoop, channel: Channel, read: tuple[int, int, int, int]) -> None:
+    """Have the coordinator serve a read, ``(unique, file_id, offset, size)``: it replies to
+    the kernel itself (EIO here if it is gone)."""
+    try:
+        await channel.send(READ, read)
+    except ChannelClosed:
+        loop.reply_error(read[0], errno.EIO)
+
+
 async def _forward(loop: ReadLoop, calls: Calls, unique: int, kind: int, args: tuple[Any, ...],
                    answer: Callable[[bytes], None]) -> None:
-    """Have the coordinator answer request ``unique`` (``READ`` or ``XATTR``): its bytes go
-    to ``answer``, its errno (EIO if it is gone) back to the kernel."""
+    """Have the coordinator answer request ``unique`` (``XATTR``): its bytes go to
+    ``answer``, its errno (EIO if it is gone) back to the kernel."""
     try:
         got = await calls.call(kind, args)
     except CallFailed as exc:
@@ -195,16 +184,16 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if len(argv) != 3:
-        print("usage: python -m spokefs.fuse.worker CHANNEL_FD MOUNT_FD "
+        print("usage: python -m spokefs.fuse.worker CHANNEL_FD DEVICE_FD "
               "(started by `spokefs mount --workers N`)", file=sys.stderr)
         return 2
-    channel_fd, mount_fd = (int(a) for a in argv[1:])
+    channel_fd, device_fd = (int(a) for a in argv[1:])
     sock = socket.socket(fileno=channel_fd)
     setup = receive_hello(sock)
     logging.basicConfig(level=setup.cfg.log_level, filename=setup.log_file,
                         format=f"%(asctime)s %(levelname)s worker{setup.index} %(name)s: "
                                "%(message)s")
-    trio.run(serve, setup, sock, mount_fd)
+    trio.run(serve, setup, sock, device_fd)
     return 0
 
 

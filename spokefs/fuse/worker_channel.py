@@ -7,9 +7,10 @@ own processes, started by the same program, so nothing on the channel is untrust
 
 Worker -> coordinator:
 
-- ``READ (rid, file_id, offset, size)``: a read the worker could not serve from the cache
-  (a miss, bytes only staged in the coordinator's memory, a block that failed its
-  checksum). Answered with ``REPLY``.
+- ``READ (unique, file_id, offset, size)``: a read the worker could not serve from the
+  cache (a miss, bytes only staged in the coordinator's memory, a block that failed its
+  checksum), by the kernel's request id. Not answered on the channel: the coordinator
+  writes the request's reply to the kernel itself (``device``).
 - ``XATTR (rid, ino, name, uid)``: a control attribute (``user.spokefs.*``). ``REPLY``.
 - ``HIT (reads, by_origin, nbytes, seconds, errors)``: the reads the worker served from the
   cache since its last batch: ``reads`` a list of ``(file_id, version, file_size,
@@ -23,7 +24,7 @@ Worker -> coordinator:
 Coordinator -> worker:
 
 - ``HELLO (pickled WorkerSetup)``: the first message: what the worker needs to join.
-- ``REPLY (rid, errno, data)``: the answer to a ``READ`` or ``XATTR`` (errno 0: ``data``).
+- ``REPLY (rid, errno, data)``: the answer to an ``XATTR`` (errno 0: ``data``).
 - ``BYE ()``: the mount is ending; exit without unmounting anything.
 
 Events (``HIT``, ``LISTED``) are queued and sent together by one task, so a busy worker makes
@@ -54,7 +55,7 @@ READ, XATTR, HIT, LISTED, HELLO, REPLY, BYE, SERVING = range(1, 9)
 KINDS = {READ: "READ", XATTR: "XATTR", HIT: "HIT", LISTED: "LISTED", HELLO: "HELLO",
          REPLY: "REPLY", BYE: "BYE", SERVING: "SERVING"}
 _HEAD = struct.Struct("<IB")
-_MAX_MESSAGE = 64 << 20  # a reply carries at most one FUSE read (<= 1 MiB); hello is small
+_MAX_MESSAGE = 64 << 20  # a reply carries at most an attribute's value; hello is small
 _RECEIVE_BYTES = 1 << 20
 
 

@@ -8,8 +8,10 @@ pins, the trace, the refresher and ``/metrics``. While the worker serves, the co
 no FUSE request itself (``session.pause_reading``); over the worker's channel
 (``worker_channel``) it
 
-- serves the reads the worker could not (``READ``) and the control attributes (``XATTR``)
-  through its own handlers, so their answers and errors are the coordinator's;
+- serves the reads the worker could not (``READ``) through its own handlers and writes
+  their replies, errors included, itself, on its copy of the worker's ``/dev/fuse`` clone
+  (``device``: the bytes do not cross the channel); and answers the control attributes
+  (``XATTR``) over the channel;
 - takes the worker's cache hits (``HIT``) and listings (``LISTED``) as its own reads would
   count them: the prefetcher, the trace, eviction's visits and the metrics see every read of
   the mount, and ``/metrics`` has the totals.
@@ -19,7 +21,8 @@ serves an older namespace than the one the refresher has committed (and the kern
 what changed only after that commit).
 
 A worker that dies (kill -9, a crash) is started again; meanwhile the coordinator reads the
-requests again. The requests it held end with an error (its clone of the descriptor closed)
+requests again. The requests it held end with an error (the coordinator closes its copy of
+the worker's clone as soon as the channel closes, and the clone's last descriptor is gone)
 and the kernel retries a failed page read, so readers see at most an error, never a hang; the
 reader slots it held in the LMDB environments are freed. If the coordinator dies, the worker
 sees its channel close, detaches the mount and exits. When the mount ends, the coordinator
@@ -45,6 +48,7 @@ from spokefs import metrics
 from spokefs.config import SpokeConfig
 from spokefs.errors import SpokeError
 from spokefs.fuse import session
+from spokefs.fuse.device import WorkerDevice, clone_device
 from spokefs.fuse.ops import SpokeOps
 from spokefs.fuse.worker_channel import (
     BYE,
@@ -150,12 +154,19 @@ class Workers:
         """Run worker ``index`` until it exits; its exit status."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "spokefs.fuse.worker", str(theirs.fileno()),
-                 str(self._mount_fd)],
-                pass_fds=(theirs.fileno(), self._mount_fd))
+            device = WorkerDevice(clone_device(self._mount_fd))
         except BaseException:
             ours.close()
+            theirs.close()
+            raise
+        try:
+            process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "spokefs.fuse.worker", str(theirs.fileno()),
+                 str(device.fd)],
+                pass_fds=(theirs.fileno(), device.fd))
+        except BaseException:
+            ours.close()
+            device.close()
             raise
         finally:
             theirs.close()
@@ -165,10 +176,14 @@ class Workers:
             setup = WorkerSetup(self._cfg, index, self._threads, self._log_file)
             await channel.send_raw(encode(HELLO, setup.encode()))
             async with trio.open_nursery() as nursery:
-                await self._serve(index, process, channel, nursery)
+                await self._serve(index, process, channel, device, nursery)
+                # the worker is gone (or being killed): the requests it held end now, and
+                # the reads still being served for it (the nursery waits) reply to nothing
+                device.close()
         except ChannelClosed:
             pass  # it died before HELLO
         finally:
+            device.close()  # (at once: the requests it held end now)
             session.pause_reading(False)  # the coordinator serves until the next one does
             metrics.WORKERS.set(0)
             self._channel = None
@@ -183,7 +198,7 @@ class Workers:
         return process.returncode
 
     async def _serve(self, index: int, process: trio.Process, channel: Channel,
-                     nursery: trio.Nursery) -> None:
+                     device: WorkerDevice, nursery: trio.Nursery) -> None:
         """Answer one worker's requests and take its events until its channel closes."""
         while True:
             try:
@@ -203,7 +218,7 @@ class Workers:
             elif kind == LISTED:
                 self._reader.on_readdir(body)
             elif kind == READ:
-                nursery.start_soon(self._answer, channel, body[0], self._read, body[1:])
+                nursery.start_soon(self._answer_read, device, *body)
             elif kind == XATTR:
                 nursery.start_soon(self._answer, channel, body[0], self._xattr, body[1:])
             else:
@@ -226,9 +241,18 @@ class Workers:
         for op, err, count in errors:
             metrics.FUSE_ERRORS.labels(op=op, errno=errno.errorcode.get(err, str(err))).inc(count)
 
-    async def _read(self, file_id: int, offset: int, size: int) -> bytes:
-        fh = pyfuse3.FileHandleT(self._ns.inode(file_id))
-        return await self._ops.read(fh, offset, size)
+    async def _answer_read(self, device: WorkerDevice, unique: int, file_id: int, offset: int,
+                           size: int) -> None:
+        """Serve the worker's request ``unique``, a read, and reply to the kernel."""
+        try:
+            fh = pyfuse3.FileHandleT(self._ns.inode(file_id))
+            data = await self._ops.read(fh, offset, size)
+        except pyfuse3.FUSEError as exc:
+            device.reply_error(unique, exc.errno)
+        except SpokeError as exc:
+            device.reply_error(unique, exc.code)
+        else:
+            device.reply(unique, data)
 
     async def _xattr(self, ino: int, name: bytes, uid: int) -> bytes:
         ctx: Any = _Context(uid)
@@ -236,6 +260,7 @@ class Workers:
 
     async def _answer(self, channel: Channel, rid: int, handler: Any, args: tuple[Any, ...]
                       ) -> None:
+        """Answer the worker's request ``rid`` over the channel (a control attribute)."""
         try:
             reply = (rid, 0, await handler(*args))
         except pyfuse3.FUSEError as exc:
