@@ -43,8 +43,9 @@ class HubConfig:
             or None for plain HTTP; ``tls_cert_file`` names the certificate for the log.
         idle_timeout_s: a connection must send a whole request header within this long of
             opening or of its last answer, else it is closed. Bounds what slow-header
-            ("slowloris") and idle clients hold; spokes close idle connections after 5 s
-            (httpx's keep-alive expiry) and send a header in one round trip (< 1 s).
+            ("slowloris") and idle clients hold; spokes touch their idle connections every
+            10 s, close them after 12 s (``spokefs.hub.wire``) and send a header in one
+            round trip (< 1 s).
         log_level: a ``logging`` level name.
         max_concurrent_reads: range reads in flight at once (``DEFAULT_CONCURRENT_READS``);
             hubd's read memory stays under ``max_concurrent_reads * protocol.PACK_MAX_BYTES``.

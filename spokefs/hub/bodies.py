@@ -1,16 +1,13 @@
-"""Reading and checking answer bodies for ``hub.client``: never past the bytes asked for,
-framed blobs verified frame by frame, pack answers decoded as they stream, and the origin
-of an answer that came through a regional tier.
+"""Checking answer bodies for ``hub.client`` (``hub.wire`` reads them, never past the bytes
+asked for): framed blobs verified frame by frame, pack answers decoded as they stream, and
+the origin of an answer that came through a regional tier.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import httpx
-
 from spokefs import protocol
 from spokefs.errors import HubProtocolError
+from spokefs.hub.wire import Answer
 
 # the header deploy/regional's nginx adds: its cache status for the answer
 TIER_CACHE_HEADER = "X-Spokefs-Tier-Cache"
@@ -22,7 +19,7 @@ class FrameMismatch(Exception):
     file): transient, the caller fetches again."""
 
 
-def origin_of(resp: httpx.Response, origin: str) -> str:
+def origin_of(resp: Answer, origin: str) -> str:
     """``hub``, or the tier's own word on where its answer came from."""
     if origin == "hub":
         return origin
@@ -32,7 +29,7 @@ def origin_of(resp: httpx.Response, origin: str) -> str:
     return "tier_hit" if status in _TIER_HIT else "tier_miss"
 
 
-def unframed(body: bytes, file_id: int, version: int, first_frame: int) -> bytes:
+def unframed(body: bytes | bytearray, file_id: int, version: int, first_frame: int) -> bytes:
     """The data of a framed body, every frame checked against its seeded sum."""
     try:
         return protocol.unframe(body, file_id, version, first_frame)
@@ -49,21 +46,3 @@ def decoded(
         return decoder.feed(piece)
     except protocol.WireError as exc:
         raise HubProtocolError(f"bad pack answer: {exc}") from None
-
-
-async def iter_capped(resp: httpx.Response, cap: int) -> AsyncIterator[bytes]:
-    """The raw body of a streamed answer piece by piece, at most ``cap`` bytes in all."""
-    declared = resp.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > cap:
-        raise HubProtocolError(f"answer of {declared} bytes, more than the {cap} asked for")
-    received = 0
-    async for piece in resp.aiter_raw():
-        received += len(piece)
-        if received > cap:
-            raise HubProtocolError(f"answer longer than the {cap} bytes asked for")
-        yield piece
-
-
-async def read_capped(resp: httpx.Response, cap: int) -> bytes:
-    """The raw body of a streamed answer, at most ``cap`` bytes (else HubProtocolError)."""
-    return b"".join([piece async for piece in iter_capped(resp, cap)])

@@ -50,7 +50,7 @@ import logging
 import random
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import TypeVar
 
@@ -70,15 +70,16 @@ from spokefs.errors import (
     SpokeError,
     StaleExport,
 )
-from spokefs.hub.bodies import FrameMismatch, decoded, iter_capped, origin_of, read_capped, unframed
+from spokefs.hub import wire
+from spokefs.hub.bodies import FrameMismatch, decoded, origin_of, unframed
 from spokefs.hub.link_model import WindowedMin
 from spokefs.hub.origins import HubOrigins
 
 log = logging.getLogger(__name__)
 
-# httpcore receives 64 KiB per socket read; a blob answer is up to 4 MiB, and every read is a
-# trip through httpcore's and h11's Python (``bench_cold_cpu.py``): 1 MiB reads take a 16th
-# of the trips for the same bytes.
+# httpcore receives 64 KiB per socket read, and every read is a trip through httpcore's and
+# h11's Python: the snapshot (tens of MB for a large namespace) takes a 16th of the trips at
+# 1 MiB. (Blob and pack answers do not go through httpx: ``hub.wire``.)
 httpcore.AsyncHTTP11Connection.READ_NUM_BYTES = 1 << 20
 
 T = TypeVar("T")
@@ -143,9 +144,16 @@ class HubClient:
                 verify=tls if tls is not None else True,  # https: system roots by default
             )
 
+        def data_origin(url: str) -> wire.Origin:
+            return wire.Origin(url, headers, timeout_s=request_timeout_s,
+                               connect_timeout_s=min(request_timeout_s, 10.0),
+                               max_connections=max_connections, tls=tls)
+
         self._hubs = {url: client(url) for url in self.origins.urls}
+        # blob and pack answers (and the connections kept warm for them): hub.wire
+        self._data_hubs = {url: data_origin(url) for url in self.origins.urls}
         self.tier_url = tier_url.rstrip("/") if tier_url else None
-        self._tier = client(self.tier_url) if self.tier_url else None
+        self._tier = data_origin(self.tier_url) if self.tier_url else None
         self._tier_timeout_s = request_timeout_s
         self._tier_paused_until = 0.0
         self._tier_ok = True
@@ -186,6 +194,8 @@ class HubClient:
         with trio.CancelScope(shield=True):
             for http in self._hubs.values():
                 await http.aclose()
+            for pool in self._data_hubs.values():
+                await pool.aclose()
             if self._tier is not None:
                 await self._tier.aclose()
 
@@ -250,16 +260,17 @@ class HubClient:
         headers = {"Range": f"bytes={fstart}-{fstop - 1}"}
         first_frame = start // protocol.FRAME_DATA_BYTES
 
-        async def attempt(http: httpx.AsyncClient, origin: str) -> bytes:
+        async def attempt(http: wire.Origin, origin: str) -> bytes:
             sent = time.monotonic()
-            async with http.stream("GET", path, headers=headers) as resp:
+            async with http.get(path, headers) as resp:
                 origin = self._answered(resp, origin, sent)
                 await self._check_streamed(resp, "blob")
-                body = await read_capped(resp, fstop - fstart)
-            self._received(len(body), origin)
-            if resp.status_code != 206 or len(body) != fstop - fstart:
+                body = bytearray(fstop - fstart)  # received into, then checked in place
+                got = await _capped(resp.read_into(memoryview(body)))
+            self._received(got, origin)
+            if resp.status_code != 206 or got != fstop - fstart:
                 raise HubProtocolError(f"asked {fstop - fstart} framed bytes at {fstart}, got "
-                                       f"{resp.status_code} with {len(body)}")
+                                       f"{resp.status_code} with {got}")
             try:
                 return unframed(body, file_id, version, first_frame)
             except FrameMismatch as exc:
@@ -291,14 +302,14 @@ class HubClient:
         # members add up to at most PACK_MAX_BYTES, plus one record header each
         cap = plan.file_bytes + len(items) * protocol.PACK_RECORD.size
 
-        async def attempt(http: httpx.AsyncClient, origin: str) -> dict[
+        async def attempt(http: wire.Origin, origin: str) -> dict[
                 tuple[int, int], bytes | None]:
             decoder = protocol.PackDecoder(items)
             sent = time.monotonic()
-            async with http.stream("GET", plan.path) as resp:
+            async with http.get(plan.path) as resp:
                 origin = self._answered(resp, origin, sent)
                 await self._check_streamed(resp, "pack")
-                async for piece in iter_capped(resp, cap):
+                async for piece in _capped_pieces(resp, cap):
                     self._received(len(piece), origin)
                     for key, rec in decoded(decoder, piece):
                         if rec is not None and xxhash.xxh3_64_intdigest(rec[0]) != rec[1]:
@@ -318,7 +329,7 @@ class HubClient:
 
         return await self._data("pack", attempt)
 
-    def _answered(self, resp: httpx.Response, origin: str, sent: float) -> str:
+    def _answered(self, resp: wire.Answer, origin: str, sent: float) -> str:
         """The answer's origin (``_origin``); its wait counts as a far round trip unless the
         tier answered from its cache (fills size their bytes in flight by the far link)."""
         origin = origin_of(resp, origin)
@@ -327,7 +338,7 @@ class HubClient:
         return origin
 
     async def _data(
-        self, kind: str, attempt: Callable[[httpx.AsyncClient, str], Awaitable[T]]
+        self, kind: str, attempt: Callable[[wire.Origin, str], Awaitable[T]]
     ) -> T:
         """One data request: through the tier if there is one and it is not paused, else (or
         if the tier fails it in any way) from the hub, with retries until the deadline."""
@@ -337,7 +348,7 @@ class HubClient:
                     result = await attempt(self._tier, "tier")
             except trio.TooSlowError:
                 self._tier_failed(kind, "timeout", "no answer in time", pause=True)
-            except httpx.TransportError as exc:
+            except wire.TransportError as exc:
                 self._tier_failed(kind, "transport", f"{type(exc).__name__}: {exc}", pause=True)
             except _Retry as exc:
                 reason = "checksum" if exc.reason == "checksum" else "status"
@@ -351,7 +362,8 @@ class HubClient:
                     self._tier_ok = True
                     log.warning("tier %s serves good answers again", self.tier_url)
                 return result
-        return await self._with_retries(kind, lambda base: attempt(self._hubs[base], "hub"),
+        return await self._with_retries(kind,
+                                        lambda base: attempt(self._data_hubs[base], "hub"),
                                         None, bound_attempt=True)
 
     def _tier_failed(self, kind: str, reason: str, detail: str, *, pause: bool) -> None:
@@ -387,9 +399,9 @@ class HubClient:
 
     async def _touch(self) -> None:
         try:
-            resp = await self._hubs[self.origins.current()].get(protocol.HEALTH_PATH)
-            self._received(len(resp.content))
-        except httpx.HTTPError:
+            async with self._data_hubs[self.origins.current()].get(protocol.HEALTH_PATH) as resp:
+                self._received(len(await resp.read(_ERROR_BODY_MAX)))
+        except (wire.TransportError, wire.AnswerTooLong):
             pass  # a hub that is away is noticed by real requests
 
     async def probe(self, base: str) -> bool:
@@ -402,16 +414,16 @@ class HubClient:
         self._received(len(resp.content))
         return resp.status_code == 200
 
-    async def _check_streamed(self, resp: httpx.Response, kind: str) -> None:
-        """``_check_status`` for a streamed answer; an error's short body is read first so
-        the connection can be reused."""
+    async def _check_streamed(self, resp: wire.Answer, kind: str) -> None:
+        """``_check_status`` for a data answer; an error's short body is read first so the
+        connection can be reused."""
         if resp.status_code not in (200, 206):
             # an over-long error body: the connection is closed instead
-            with contextlib.suppress(HubProtocolError):
-                await read_capped(resp, _ERROR_BODY_MAX)
+            with contextlib.suppress(wire.AnswerTooLong):
+                await resp.read(_ERROR_BODY_MAX)
         self._check_status(resp, kind)
 
-    def _check_status(self, resp: httpx.Response, kind: str) -> None:
+    def _check_status(self, resp: httpx.Response | wire.Answer, kind: str) -> None:
         status = resp.status_code
         metrics.HUB_REQUESTS.labels(kind=kind, status=str(status)).inc()
         if status in (200, 206):
@@ -458,7 +470,7 @@ class HubClient:
                     result = await attempt(base)
             except trio.TooSlowError:
                 failure = _Retry("timeout", f"no answer within {limit:.1f}s")
-            except (httpx.TransportError, _Retry) as exc:
+            except (httpx.TransportError, wire.TransportError, _Retry) as exc:
                 if (untrusted := _certificate_failure(exc)) is not None:
                     # retrying cannot make a certificate verify: fail now, clearly
                     metrics.HUB_ERRORS.labels(reason="tls").inc()
@@ -512,6 +524,22 @@ class HubClient:
         await trio.sleep(min(random.uniform(0, delay),
                              deadline - time.monotonic() - _MIN_ATTEMPT_S))
         return self.origins.current(), min(delay * 2, _BACKOFF_MAX_S)
+
+
+async def _capped(reading: Awaitable[int]) -> int:
+    """A body read that refuses more than was asked for: a protocol error, not retried."""
+    try:
+        return await reading
+    except wire.AnswerTooLong as exc:
+        raise HubProtocolError(str(exc)) from None
+
+
+async def _capped_pieces(resp: wire.Answer, cap: int) -> AsyncIterator[bytes]:
+    try:
+        async for piece in resp.pieces(cap):
+            yield piece
+    except wire.AnswerTooLong as exc:
+        raise HubProtocolError(str(exc)) from None
 
 
 _FETCHED = {origin: metrics.FETCHED_BYTES.labels(origin=origin)

@@ -54,7 +54,8 @@ class FrameSumError(Exception):
         self.index = index
 
 
-def unframe(framed: bytes | memoryview, file_id: int, version: int, first_frame: int) -> bytes:
+def unframe(framed: bytes | bytearray | memoryview, file_id: int, version: int,
+            first_frame: int) -> bytes:
     """The file data of a framed body that starts at frame ``first_frame``, every frame
     checked against its seeded sum.
 
@@ -80,7 +81,7 @@ def unframe(framed: bytes | memoryview, file_id: int, version: int, first_frame:
     return b"".join(pieces)
 
 
-def split_frames(framed: bytes | memoryview) -> Iterator[tuple[memoryview, int]]:
+def split_frames(framed: bytes | bytearray | memoryview) -> Iterator[tuple[memoryview, int]]:
     """``(data, sum)`` of each frame of a framed body that starts on a frame boundary;
     the last frame may be short (the end of the file).
 
