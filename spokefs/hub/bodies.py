@@ -29,7 +29,8 @@ def origin_of(resp: Answer, origin: str) -> str:
     return "tier_hit" if status in _TIER_HIT else "tier_miss"
 
 
-def unframed(body: bytes | bytearray, file_id: int, version: int, first_frame: int) -> bytes:
+def unframed(body: bytes | bytearray | memoryview, file_id: int, version: int,
+             first_frame: int) -> bytes:
     """The data of a framed body, every frame checked against its seeded sum."""
     try:
         return protocol.unframe(body, file_id, version, first_frame)

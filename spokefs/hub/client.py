@@ -90,6 +90,7 @@ _MIN_ATTEMPT_S = 0.05  # no attempt starts with less time than this before the d
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})  # 408: our body came too slowly
 # OpenSSL's X509_V_ERR_* for an issuer we do not trust (unknown, missing or self-signed)
 _ISSUER_CODES = frozenset({2, 18, 19, 20, 21})
+_SPARE_BUFFERS = 8  # receive buffers kept for the next blob answers (a few MiB each)
 _ERROR_BODY_MAX = 64 << 10  # hubd's JSON errors are one line; read them so the connection stays
 _TIER_PAUSE_S = 5.0  # a tier that did not answer is left alone this long, then tried again
 _PROBE_TIMEOUT_S = 5.0  # a /healthz probe of a hub not in use: a few bytes, a few round trips
@@ -159,6 +160,7 @@ class HubClient:
         self._tier_ok = True
         self.received_bytes = 0  # answer bytes from the hub so far (all kinds)
         self._waits = WindowedMin()  # answer waits: the round trip is their recent minimum
+        self._spare_buffers: list[bytearray] = []  # receive buffers of answers checked
 
     @property
     def base_url(self) -> str:
@@ -170,6 +172,14 @@ class HubClient:
         """The grid data ranges start and end on: a tier's cache slice (1 MiB of data), or
         one 4 KiB frame straight to the hub (a random read moves 4 KiB, not 1 MiB)."""
         return protocol.SLICE_DATA_BYTES if self._tier is not None else protocol.FRAME_DATA_BYTES
+
+    def _receive_buffer(self, size: int) -> bytearray:
+        """A buffer of at least ``size`` bytes to receive a blob answer into: a spare one
+        if one fits (a fresh one costs its pages' faults, a tenth of a cold GB's CPU)."""
+        for i, buf in enumerate(self._spare_buffers):
+            if size <= len(buf) <= 2 * size:
+                return self._spare_buffers.pop(i)
+        return bytearray(size)
 
     def _received(self, nbytes: int, origin: str = "hub") -> None:
         self.received_bytes += nbytes
@@ -262,19 +272,24 @@ class HubClient:
 
         async def attempt(http: wire.Origin, origin: str) -> bytes:
             sent = time.monotonic()
-            async with http.get(path, headers) as resp:
-                origin = self._answered(resp, origin, sent)
-                await self._check_streamed(resp, "blob")
-                body = bytearray(fstop - fstart)  # received into, then checked in place
-                got = await _capped(resp.read_into(memoryview(body)))
-            self._received(got, origin)
-            if resp.status_code != 206 or got != fstop - fstart:
-                raise HubProtocolError(f"asked {fstop - fstart} framed bytes at {fstart}, got "
-                                       f"{resp.status_code} with {got}")
+            buf = self._receive_buffer(fstop - fstart)
             try:
-                return unframed(body, file_id, version, first_frame)
-            except FrameMismatch as exc:
-                raise _Retry("checksum", str(exc)) from None
+                with memoryview(buf)[: fstop - fstart] as body:
+                    async with http.get(path, headers) as resp:
+                        origin = self._answered(resp, origin, sent)
+                        await self._check_streamed(resp, "blob")
+                        got = await _capped(resp.read_into(body))
+                    self._received(got, origin)
+                    if resp.status_code != 206 or got != fstop - fstart:
+                        raise HubProtocolError(f"asked {fstop - fstart} framed bytes at "
+                                               f"{fstart}, got {resp.status_code} with {got}")
+                    try:
+                        return unframed(body, file_id, version, first_frame)
+                    except FrameMismatch as exc:
+                        raise _Retry("checksum", str(exc)) from None
+            finally:
+                if len(self._spare_buffers) < _SPARE_BUFFERS:
+                    self._spare_buffers.append(buf)
 
         try:
             return await self._data("blob", attempt)

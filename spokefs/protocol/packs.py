@@ -127,31 +127,35 @@ class PackDecoder:
         self._record: tuple[int, int, int, int] | None = None  # header of the file under way
 
     def feed(self, piece: bytes) -> list[tuple[tuple[int, int], tuple[bytes, int] | None]]:
-        self._buf += piece
+        buf = self._buf
+        buf += piece
         done: list[tuple[tuple[int, int], tuple[bytes, int] | None]] = []
-        while True:
-            if self._record is None:
-                if len(self._buf) < PACK_RECORD.size:
+        pos = 0  # what was decoded goes at the end, in one move: not a move per record
+        with memoryview(buf) as view:
+            while True:
+                if self._record is None:
+                    if len(buf) - pos < PACK_RECORD.size:
+                        break
+                    if self._next >= len(self._items):
+                        raise WireError("data after the pack answer")
+                    rfid, rver, length, digest = PACK_RECORD.unpack_from(view, pos)
+                    pos += PACK_RECORD.size
+                    if (rfid, rver) != self._items[self._next]:
+                        raise WireError("pack answer out of order")
+                    if length != PACK_GONE and length < 0:
+                        raise WireError("pack answer with a negative length")
+                    self._record = (rfid, rver, length, digest)
+                rfid, rver, length, digest = self._record
+                if length == PACK_GONE:
+                    done.append(((rfid, rver), None))
+                elif len(buf) - pos >= length:
+                    done.append(((rfid, rver), (bytes(view[pos : pos + length]), digest)))
+                    pos += length
+                else:
                     break
-                if self._next >= len(self._items):
-                    raise WireError("data after the pack answer")
-                rfid, rver, length, digest = PACK_RECORD.unpack_from(self._buf)
-                del self._buf[: PACK_RECORD.size]
-                if (rfid, rver) != self._items[self._next]:
-                    raise WireError("pack answer out of order")
-                if length != PACK_GONE and length < 0:
-                    raise WireError("pack answer with a negative length")
-                self._record = (rfid, rver, length, digest)
-            rfid, rver, length, digest = self._record
-            if length == PACK_GONE:
-                done.append(((rfid, rver), None))
-            elif len(self._buf) >= length:
-                done.append(((rfid, rver), (bytes(self._buf[:length]), digest)))
-                del self._buf[:length]
-            else:
-                break
-            self._record = None
-            self._next += 1
+                self._record = None
+                self._next += 1
+        del buf[:pos]
         return done
 
     def finish(self) -> None:

@@ -46,8 +46,12 @@ def grid_runs(blocks: list[int], grid: int, nblocks: int) -> list[range]:
 
 def contiguous_runs(indexes: list[int], max_len: int) -> list[range]:
     """Block indexes, sorted, as contiguous runs none longer than ``max_len``."""
+    ordered = sorted(set(indexes))
+    if ordered and ordered[-1] - ordered[0] + 1 == len(ordered):  # one run (the usual case)
+        end = ordered[-1] + 1
+        return [range(a, min(a + max_len, end)) for a in range(ordered[0], end, max_len)]
     runs: list[range] = []
-    for idx in sorted(set(indexes)):
+    for idx in ordered:
         if runs and runs[-1].stop == idx and len(runs[-1]) < max_len:
             runs[-1] = range(runs[-1].start, idx + 1)
         else:

@@ -1,0 +1,56 @@
+"""The spoke's streaming pack decoder: whatever pieces the answer arrives in (a byte at a
+time, the record headers split, several records per piece), the same records, in order."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import xxhash
+
+from spokefs import protocol
+
+
+def _pack(n: int, seed: int) -> tuple[bytes, list[tuple[int, int]], dict]:
+    rng = random.Random(seed)
+    body, items, want = b"", [], {}
+    for i in range(n):
+        key = (100 + i, 7)
+        items.append(key)
+        if rng.random() < 0.2:
+            body += protocol.encode_pack_record(*key, None, 0)
+            want[key] = None
+        else:
+            data = rng.randbytes(rng.choice([0, 1, 4095, 4096, 70_000]))
+            digest = xxhash.xxh3_64_intdigest(data)
+            body += protocol.encode_pack_record(*key, data, digest)
+            want[key] = (data, digest)
+    return body, items, want
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_any_split_gives_the_same_records(seed: int) -> None:
+    body, items, want = _pack(12, seed)
+    rng = random.Random(seed)
+    for _ in range(5):
+        decoder = protocol.PackDecoder(items)
+        got: list = []
+        pos = 0
+        while pos < len(body):
+            step = rng.choice([1, 7, protocol.PACK_RECORD.size, 5000, 1 << 20])
+            got += decoder.feed(body[pos : pos + step])
+            pos += step
+        decoder.finish()
+        assert [k for k, _ in got] == items  # each once, in order
+        assert dict(got) == want
+
+
+def test_a_cut_answer_and_trailing_bytes_are_errors() -> None:
+    body, items, _ = _pack(3, 1)
+    decoder = protocol.PackDecoder(items)
+    decoder.feed(body[:-1])
+    with pytest.raises(protocol.WireError, match="cut short"):
+        decoder.finish()
+    decoder = protocol.PackDecoder(items)
+    with pytest.raises(protocol.WireError, match="data after"):
+        decoder.feed(body + bytes(protocol.PACK_RECORD.size))
