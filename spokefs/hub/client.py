@@ -1,8 +1,10 @@
 """Trio-native HTTP client for hubd: the snapshot, framed range reads of blobs, and packs,
 straight from the hub or through a regional tier (an HTTP cache in front of the hub).
 
-Runs on httpx (through anyio's trio backend) with one pooled ``AsyncClient``: keep-alive
-connections, at most ``hub_max_connections`` of them. Every call has a deadline; transient
+Blob and pack answers (and the connections kept warm for them) go through ``hub.wire``, our
+own HTTP/1.1 GET on trio that receives a body into one buffer; the snapshot, changes and
+probes through httpx (anyio's trio backend). Each keeps its own keep-alive connections per
+hub, at most ``hub_max_connections`` of them. Every call has a deadline; transient
 failures (connection errors, timeouts, 5xx, 429, 408, a body that fails its checksum) are
 retried with capped exponential backoff and full jitter until that deadline, then raised as
 ``HubUnavailable``. Answers that retrying cannot fix map straight to domain errors:
