@@ -6,9 +6,10 @@ slice at a time, and the deterministic packs of a directory.
   resolves the ``Range`` (``range_reader.resolve_range``) against ``protocol.framed_size``
   before any byte is sent, so a missing or changed file is a clean 404/412.
   ``piece(i)`` then reads, checks and frames the i-th slice of the answer in one executor
-  hop: data by ``os.pread``, an ``fstat`` after it (a
-  write during the answer changes the version: the answer stops short, and the spoke,
-  which knows the length it asked for, refuses it), one seeded xxh3 per 4 KiB frame.
+  hop: data read into its frames and one seeded xxh3 per 4 KiB frame
+  (``protocol.read_frames``: one native call), an ``fstat`` after it (a write during the
+  answer changes the version: the answer stops short, and the spoke, which knows the length
+  it asked for, refuses it).
   Any range of any size is answered this way, the whole file included, with at most one
   slice (``protocol.SLICE_BYTES``) in memory per request.
 - ``PackPlans``: ``protocol.plan_packs`` of a directory of the current snapshot, computed once
@@ -71,11 +72,14 @@ class FramedBlob:
         first_frame = s * protocol.SLICE_FRAMES
         data_start = first_frame * protocol.FRAME_DATA_BYTES
         data_stop = min(data_start + protocol.SLICE_DATA_BYTES, self._size)
-        data = pread_exact(self._fd, data_start, data_stop)
+        # the data read straight into its frames: one copy
+        framed = protocol.read_frames(self._fd, data_start, data_stop - data_start,
+                                      self._file_id, self._version, first_frame)
+        if framed is None:
+            raise StaleVersion("the file shrank while being read")
         st = os.fstat(self._fd)
         if version_of(st) != self._version:  # the same fd: the same inode, so the same id
             raise StaleVersion(f"file {self._file_id:016x} changed while being read")
-        framed = protocol.encode_frames(data, self._file_id, self._version, first_frame)
         base = s * protocol.SLICE_BYTES
         lo = max(self.range.start - base, 0)
         hi = min(self.range.stop - base, len(framed))

@@ -5,8 +5,8 @@ Its design and formats are in docs/protocol.md. The modules:
 
 - ``base``: the version, ids in URLs, name limits, ``WireError``.
 - ``routes``: paths, headers, media types, ETags.
-- ``frames``: the framed representation of a blob (written by ``encode_frames``, checked by
-  ``unframe``; both native where ``frames_c`` is built).
+- ``frames``: the framed representation of a blob (written by ``encode_frames`` and
+  ``read_frames``, checked by ``unframe``; all native where ``frames_c`` is built).
 - ``packs``: deterministic packs and the pack answer.
 - ``tree``: the snapshot and changes streams.
 
@@ -37,6 +37,7 @@ from spokefs.protocol.frames import (
     encode_frames,
     frame_seed,
     framed_size,
+    read_frames,
     split_frames,
     unframe,
 )
@@ -160,6 +161,7 @@ __all__ = [
     "parse_id",
     "parse_pack_index",
     "plan_packs",
+    "read_frames",
     "split_frames",
     "unframe",
     "validate_name",

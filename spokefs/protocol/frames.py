@@ -1,9 +1,10 @@
 """The framed representation of a blob: every 4 KiB of data followed by its xxh3, seeded with
 the file, version and frame index (docs/protocol.md, "Why a version 2"). ``encode_frames`` is the
-one place frames are written (hubd's directory and bucket readers, the benchmarks);
-``unframe`` is the one place they are checked (the spoke's hub client).
+one place frames are written (hubd's bucket reader, the benchmarks; ``read_frames`` reads a
+file's bytes straight into their frames for hubd's directory reader and frames them the
+same way); ``unframe`` is the one place they are checked (the spoke's hub client).
 
-Both run in one native call per body (``frames_c``, C, built with the package where a
+Each runs in one native call per body (``frames_c``, C, built with the package where a
 compiler and xxHash's header are found: ``deploy/setup.sh`` installs them) and fall back to
 the same loop in Python when it is not built (``NATIVE`` is False). Both ways give the same
 bytes and the same errors; the tests run both.
@@ -11,6 +12,7 @@ bytes and the same errors; the tests run both.
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterator
 
@@ -95,6 +97,29 @@ def split_frames(framed: bytes | bytearray | memoryview) -> Iterator[tuple[memor
         if len(frame) <= FRAME_SUM.size:
             raise WireError(f"a frame of {len(frame)} bytes has no data")
         yield frame[: -FRAME_SUM.size], unpack(frame, len(frame) - FRAME_SUM.size)[0]
+
+
+def read_frames(fd: int, offset: int, size: int, file_id: int, version: int,
+                first_frame: int) -> bytes | None:
+    """``size`` bytes of the file open on ``fd`` from ``offset`` (a frame boundary: frame
+    ``first_frame``) in the framed representation, read straight into their frames (one
+    copy); None if the file ends first.
+
+    Raises:
+        OSError: the read failed.
+    """
+    if NATIVE:
+        return frames_c.frame_file(fd, offset, size, file_id & U64_MAX, version & U64_MAX,
+                                   first_frame & U64_MAX)
+    parts: list[bytes] = []
+    got = 0
+    while got < size:
+        more = os.pread(fd, size - got, offset + got)
+        if not more:
+            return None
+        parts.append(more)
+        got += len(more)
+    return encode_frames(b"".join(parts), file_id, version, first_frame)
 
 
 def encode_frames(data: bytes | memoryview, file_id: int, version: int, first_frame: int) -> bytes:

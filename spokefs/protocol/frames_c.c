@@ -9,14 +9,19 @@
  *   unframe(body, file_id, version, first_frame) -> (data, -1) | (None, bad frame index)
  *       ValueError: a frame with no data byte (the body was cut inside a sum).
  *   frame(data, file_id, version, first_frame) -> framed bytes
+ *   frame_file(fd, offset, size, file_id, version, first_frame) -> framed bytes | None
+ *       ``size`` bytes of the file at ``offset`` read (preadv) straight into their frames:
+ *       one copy, no bytes object of the data. None: the file ended first. OSError.
  *
  * xxHash comes from Debian's libxxhash-dev as a header only (XXH_INLINE_ALL): no library to
  * link or ship. XXH3_64bits_withSeed is what python-xxhash's xxh3_64 computes. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/uio.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -117,11 +122,78 @@ static PyObject *frame(PyObject *self, PyObject *args)
     return out;
 }
 
+#define READ_IOVS 256  /* one slice (1 MiB of data) per preadv; IOV_MAX is 1024 */
+
+static PyObject *frame_file(PyObject *self, PyObject *args)
+{
+    int fd;
+    long long offset;
+    Py_ssize_t n;
+    unsigned long long file_id, version, first;
+    if (!PyArg_ParseTuple(args, "iLnKKK", &fd, &offset, &n, &file_id, &version, &first))
+        return NULL;
+    if (n < 0 || offset < 0)
+        return PyErr_Format(PyExc_ValueError, "a negative offset or size");
+    Py_ssize_t frames = (n + DATA_BYTES - 1) / DATA_BYTES;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n + frames * SUM_BYTES);
+    if (out == NULL)
+        return NULL;
+    unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
+    int err = 0, ended = 0;
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t done = 0;
+    while (done < n) {
+        struct iovec iov[READ_IOVS];
+        int count = 0;
+        for (Py_ssize_t pos = done; count < READ_IOVS && pos < n; count++) {
+            Py_ssize_t k = pos / DATA_BYTES, in = pos % DATA_BYTES;
+            Py_ssize_t len = DATA_BYTES - in < n - pos ? DATA_BYTES - in : n - pos;
+            iov[count].iov_base = dst + k * FRAME_BYTES + in;
+            iov[count].iov_len = (size_t)len;
+            pos += len;
+        }
+        ssize_t got = preadv(fd, iov, count, (off_t)(offset + done));
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            err = errno;
+            break;
+        }
+        if (got == 0) {
+            ended = 1;
+            break;
+        }
+        done += got;
+    }
+    if (!err && !ended) {
+        for (Py_ssize_t k = 0; k < frames; k++) {
+            Py_ssize_t len = k == frames - 1 ? n - k * DATA_BYTES : DATA_BYTES;
+            unsigned char *at = dst + k * FRAME_BYTES;
+            store_le64(at + len, XXH3_64bits_withSeed(at, (size_t)len,
+                                                      seed_of(file_id, version, first + k)));
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (err) {
+        Py_DECREF(out);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (ended) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"unframe", unframe, METH_VARARGS,
      "unframe(body, file_id, version, first_frame) -> (data, -1) or (None, bad frame)"},
     {"frame", frame, METH_VARARGS,
      "frame(data, file_id, version, first_frame) -> the framed representation"},
+    {"frame_file", frame_file, METH_VARARGS,
+     "frame_file(fd, offset, size, file_id, version, first_frame) -> framed bytes, or None "
+     "if the file ended first"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -5,3 +5,6 @@ def unframe(body: bytes | bytearray | memoryview, file_id: int, version: int,
 
 def frame(data: bytes | bytearray | memoryview, file_id: int, version: int,
           first_frame: int, /) -> bytes: ...
+
+def frame_file(fd: int, offset: int, size: int, file_id: int, version: int,
+               first_frame: int, /) -> bytes | None: ...

@@ -74,3 +74,31 @@ def test_a_body_cut_inside_a_sum_is_a_wire_error(way) -> None:
     # cut after a data byte: the short last frame fails its sum instead
     with pytest.raises(FrameSumError):
         frames.unframe(framed[: FRAME_BYTES + 9], 1, 1, 0)
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_frames_read_from_a_file_are_the_frames_of_its_bytes(length, way, tmp_path) -> None:
+    """hubd's directory reader: bytes read straight into their frames (at any frame offset
+    of the file), the same as framing what a pread gives."""
+    data = os.urandom(length + 3 * FRAME_DATA_BYTES)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for frame in (0, 3):
+            start = frame * FRAME_DATA_BYTES
+            got = frames.read_frames(fd, start, length, 0x1234, 9, frame)
+            assert got == frames.encode_frames(data[start : start + length], 0x1234, 9, frame)
+        # past the end: the file ended first
+        assert frames.read_frames(fd, 3 * FRAME_DATA_BYTES, length + 1, 1, 1, 3) is None
+    finally:
+        os.close(fd)
+
+
+def test_a_failed_read_is_an_os_error(way, tmp_path) -> None:
+    fd = os.open(tmp_path, os.O_RDONLY)  # a directory: pread fails with EISDIR
+    try:
+        with pytest.raises(OSError):
+            frames.read_frames(fd, 0, 4096, 1, 1, 0)
+    finally:
+        os.close(fd)
