@@ -1269,19 +1269,6 @@ done:
     return result;
 }
 
-static PyObject *Loop_reply(Loop *self, PyObject *args)
-{
-    unsigned long long unique;
-    Py_buffer data;
-    if (!PyArg_ParseTuple(args, "Ky*", &unique, &data))
-        return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    reply_buf(self, unique, data.buf, (size_t)data.len);
-    Py_END_ALLOW_THREADS
-    PyBuffer_Release(&data);
-    Py_RETURN_NONE;
-}
-
 static PyObject *Loop_reply_error(Loop *self, PyObject *args)
 {
     unsigned long long unique;
@@ -1367,7 +1354,6 @@ static PyMethodDef Loop_methods[] = {
     {"pending_hits", (PyCFunction)Loop_pending_hits, METH_NOARGS, "Hits gathered, not taken."},
     {"take_hits", (PyCFunction)Loop_take_hits, METH_NOARGS,
      "(reads, by_origin, nbytes, seconds, errors) since the last call."},
-    {"reply", (PyCFunction)Loop_reply, METH_VARARGS, "reply(unique, data): answer a READ."},
     {"reply_error", (PyCFunction)Loop_reply_error, METH_VARARGS,
      "reply_error(unique, errno): answer a forwarded request with an error."},
     {"reply_xattr", (PyCFunction)Loop_reply_xattr, METH_VARARGS,
