@@ -34,14 +34,11 @@ of the session (INIT) is the coordinator's, and the loop speaks the FUSE protoco
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
-from typing import Any
 
 import trio
 
@@ -117,9 +114,7 @@ async def _pump(loop: ReadLoop, channel: Channel, calls: Calls, nursery: trio.Nu
             if kind == "read":
                 nursery.start_soon(_hand_over, loop, channel, event[1:])
             elif kind == "xattr":
-                _, unique, ino, name, uid, size = event
-                nursery.start_soon(_forward, loop, calls, unique, XATTR, (ino, name, uid),
-                                   functools.partial(loop.reply_xattr, unique, size))
+                nursery.start_soon(_forward_xattr, loop, calls, *event[1:])
             elif kind == "listed":
                 channel.queue(LISTED, event[1])
             else:  # "end": the session is over (unmounted)
@@ -138,16 +133,16 @@ async def _hand_over(loop: ReadLoop, channel: Channel, read: tuple[int, int, int
         loop.reply_error(read[0], errno.EIO)
 
 
-async def _forward(loop: ReadLoop, calls: Calls, unique: int, kind: int, args: tuple[Any, ...],
-                   answer: Callable[[bytes], None]) -> None:
-    """Have the coordinator answer request ``unique`` (``XATTR``): its bytes go to
-    ``answer``, its errno (EIO if it is gone) back to the kernel."""
+async def _forward_xattr(loop: ReadLoop, calls: Calls, unique: int, ino: int, name: bytes,
+                         uid: int, size: int) -> None:
+    """Have the coordinator answer a control attribute's request ``unique``: its value goes
+    to the kernel, its errno (EIO if it is gone) likewise."""
     try:
-        got = await calls.call(kind, args)
+        value = await calls.call(XATTR, (ino, name, uid))
     except CallFailed as exc:
         loop.reply_error(unique, exc.errno)
     else:
-        answer(got)
+        loop.reply_xattr(unique, size, value)
 
 
 async def _listen(channel: Channel, calls: Calls, mountpoint: os.PathLike[str],

@@ -39,6 +39,7 @@ import errno
 import logging
 import socket
 import sys
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pyfuse3
@@ -220,7 +221,7 @@ class Workers:
             elif kind == READ:
                 nursery.start_soon(self._answer_read, device, *body)
             elif kind == XATTR:
-                nursery.start_soon(self._answer, channel, body[0], self._xattr, body[1:])
+                nursery.start_soon(self._answer_xattr, channel, *body)
             else:
                 log.error("worker %d sent a %s: stopping it", index, KINDS[kind])
                 process.kill()
@@ -244,28 +245,34 @@ class Workers:
     async def _answer_read(self, device: WorkerDevice, unique: int, file_id: int, offset: int,
                            size: int) -> None:
         """Serve the worker's request ``unique``, a read, and reply to the kernel."""
-        try:
-            fh = pyfuse3.FileHandleT(self._ns.inode(file_id))
-            data = await self._ops.read(fh, offset, size)
-        except pyfuse3.FUSEError as exc:
-            device.reply_error(unique, exc.errno)
-        except SpokeError as exc:
-            device.reply_error(unique, exc.code)
+        err, data = await _outcome(self._read, file_id, offset, size)
+        if err:
+            device.reply_error(unique, err)
         else:
             device.reply(unique, data)
+
+    async def _answer_xattr(self, channel: Channel, rid: int, ino: int, name: bytes,
+                            uid: int) -> None:
+        """Answer the worker's request ``rid``, a control attribute, over the channel."""
+        err, value = await _outcome(self._xattr, ino, name, uid)
+        with contextlib.suppress(ChannelClosed):  # the worker died: its request ended too
+            await channel.send(REPLY, (rid, err, value))
+
+    async def _read(self, file_id: int, offset: int, size: int) -> bytes:
+        fh = pyfuse3.FileHandleT(self._ns.inode(file_id))
+        return await self._ops.read(fh, offset, size)
 
     async def _xattr(self, ino: int, name: bytes, uid: int) -> bytes:
         ctx: Any = _Context(uid)
         return await self._ops.getxattr(pyfuse3.InodeT(ino), pyfuse3.XAttrNameT(name), ctx)
 
-    async def _answer(self, channel: Channel, rid: int, handler: Any, args: tuple[Any, ...]
-                      ) -> None:
-        """Answer the worker's request ``rid`` over the channel (a control attribute)."""
-        try:
-            reply = (rid, 0, await handler(*args))
-        except pyfuse3.FUSEError as exc:
-            reply = (rid, exc.errno, b"")
-        except SpokeError as exc:
-            reply = (rid, exc.code, b"")
-        with contextlib.suppress(ChannelClosed):  # the worker died: its request ended too
-            await channel.send(REPLY, reply)
+
+async def _outcome(handler: Callable[..., Awaitable[bytes]], *args: Any) -> tuple[int, bytes]:
+    """``(0, bytes)`` from one of the coordinator's handlers, or ``(errno, b"")`` of its
+    error, as the kernel would be answered."""
+    try:
+        return 0, await handler(*args)
+    except pyfuse3.FUSEError as exc:
+        return exc.errno, b""
+    except SpokeError as exc:
+        return exc.code, b""
