@@ -28,6 +28,7 @@ from hubd.snapshot import Snapshot
 from spokefs import protocol
 
 _PLANS_KEPT = 512  # directories whose packs are kept per snapshot
+_SHRANK = "the file shrank while being read"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +77,7 @@ class FramedBlob:
         framed = protocol.read_frames(self._fd, data_start, data_stop - data_start,
                                       self._file_id, self._version, first_frame)
         if framed is None:
-            raise StaleVersion("the file shrank while being read")
+            raise StaleVersion(_SHRANK)
         st = os.fstat(self._fd)
         if version_of(st) != self._version:  # the same fd: the same inode, so the same id
             raise StaleVersion(f"file {self._file_id:016x} changed while being read")
@@ -87,15 +88,11 @@ class FramedBlob:
 
 
 def pread_exact(fd: int, start: int, stop: int) -> bytes:
-    parts: list[bytes] = []
-    got = 0
-    while got < stop - start:
-        more = os.pread(fd, stop - start - got, start + got)
-        if not more:
-            raise StaleVersion("the file shrank while being read")
-        parts.append(more)
-        got += len(more)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+    """Bytes ``[start, stop)`` of the file open on ``fd`` (StaleVersion if it shrank)."""
+    data = protocol.pread_all(fd, start, stop - start)
+    if data is None:
+        raise StaleVersion(_SHRANK)
+    return data
 
 
 class PackPlans:

@@ -111,6 +111,17 @@ def read_frames(fd: int, offset: int, size: int, file_id: int, version: int,
     if NATIVE:
         return frames_c.frame_file(fd, offset, size, file_id & U64_MAX, version & U64_MAX,
                                    first_frame & U64_MAX)
+    data = pread_all(fd, offset, size)
+    return None if data is None else encode_frames(data, file_id, version, first_frame)
+
+
+def pread_all(fd: int, offset: int, size: int) -> bytes | None:
+    """``size`` bytes of the file open on ``fd`` from ``offset``, however many reads it
+    takes; None if the file ends first.
+
+    Raises:
+        OSError: a read failed.
+    """
     parts: list[bytes] = []
     got = 0
     while got < size:
@@ -119,7 +130,7 @@ def read_frames(fd: int, offset: int, size: int, file_id: int, version: int,
             return None
         parts.append(more)
         got += len(more)
-    return encode_frames(b"".join(parts), file_id, version, first_frame)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def encode_frames(data: bytes | memoryview, file_id: int, version: int, first_frame: int) -> bytes:
