@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 
-# libxxhash-dev: the header of the package's one C part (spokefs/protocol/frames_c.c)
+# gcc, libxxhash-dev, liblmdb-dev: the package's C parts (frame checks, the native read loop,
+# the snapshot loader's items; pyproject.toml lists them)
 debs=(fuse3 libfuse3-dev pkg-config gcc libxxhash-dev liblmdb-dev)
 python3 -c 'import venv, ensurepip' 2>/dev/null || debs+=(python3-venv python3-dev)
 # prometheus: the observability tests run a real Prometheus and its promtool;

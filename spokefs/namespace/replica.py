@@ -22,8 +22,11 @@ close seals the file with its digest instead (``namespace.seal``). Positions onl
 directory's entries keep their readdir offsets across changes, and new names go at the end.
 
 Loading a snapshot is a bulk job (``_BulkLoader``): the stream is decoded a step at a time
-into plain tuples and each db gets one ``putmulti`` per step, so a million entries cost a
-few seconds and memory bounded by one step, not a Python object per entry.
+and each db gets one ``putmulti`` per step, so a million entries cost a second or two, not a
+Python object per entry. Where the C part ``snapshot_items`` is built (``deploy/setup.sh``
+builds it) it checks the entries and makes the items in one pass, and the attr items go in
+sorted with LMDB's append (ids are hashes: in stream order each would land at a random place);
+without it the same runs in Python (``NATIVE`` False; the tests run both ways).
 
 Changes (``apply_changes``) follow the protocol's rules (docs/protocol.md): REMOVE unlinks
 one name and is never recursive; UPSERT sets one name to an entry. An inode that loses its
@@ -51,6 +54,13 @@ from spokefs import protocol
 from spokefs.errors import NotFound, StoreFailed
 from spokefs.lmdb_env import open_env
 from spokefs.namespace import seal as namespace_seal
+
+try:  # C, optional: see the module docstring
+    from spokefs.namespace import snapshot_items
+
+    NATIVE = True
+except ImportError:  # pragma: no cover - the package was installed without its C part
+    NATIVE = False
 
 ROOT_INODE = 1
 _ID = struct.Struct(">Q")
@@ -121,17 +131,20 @@ class _Batch:
 class _BulkLoader:
     """Stores a whole snapshot into emptied dbs inside one write transaction, fast.
 
-    The compressed stream is decoded a step at a time into plain tuples
-    (``protocol.SnapshotDecoder.feed_rows``), each step's keys and values are built in list
-    comprehensions and stored with one ``putmulti`` per db (LMDB's loop in C instead of
-    three Python calls per entry). Memory stays bounded by one step (about 1 MiB of
-    compressed input, tens of thousands of entries), not by the snapshot.
+    The compressed stream is inflated a step at a time (about 1 MiB of compressed input,
+    tens of thousands of entries). Natively (``snapshot_items.Items``), each step's entries
+    are checked and made into dent and dpos items in C, stored with one ``putmulti`` per db,
+    and the attr items are held in C (about 60 bytes an entry) and stored sorted at the end
+    with LMDB's append, or sooner, in sorted batches, past ``_ATTRS_HELD_MAX``. In Python,
+    each step is decoded into plain tuples (``protocol.SnapshotDecoder.feed_rows``) and its
+    keys and values built in list comprehensions.
 
     Hard links: the first entry of an id gives its attributes (``overwrite=False``). A name
     listed twice in one directory is a ``WireError``.
     """
 
     _STEP = 1 << 20  # compressed bytes decoded per batch
+    _ATTRS_HELD_MAX = 512 << 20  # ~8M entries' attr items held in C before a batch is stored
 
     # lmdb._Database: what open_db returns (the module exports no public name for it)
     def __init__(self, attr: lmdb._Database, dent: lmdb._Database,
@@ -147,6 +160,8 @@ class _BulkLoader:
         Raises:
             protocol.WireError: malformed or hostile (the caller aborts the transaction).
         """
+        if NATIVE:
+            return self._load_native(txn, compressed)
         decoder = protocol.SnapshotDecoder()
         view = memoryview(compressed)
         for i in range(0, len(view), self._STEP):
@@ -155,18 +170,45 @@ class _BulkLoader:
                 self._store(txn, rows)
         return decoder.finish()
 
+    def _load_native(self, txn: lmdb.Transaction[bytes],
+                     compressed: bytes) -> protocol.SnapshotHeader:
+        decoder = protocol.SnapshotDecoder()
+        items = snapshot_items.Items(protocol.WireError)
+        view = memoryview(compressed)
+        attrs_stored = False
+        for i in range(0, len(view), self._STEP):
+            decoder.feed_into(view[i : i + self._STEP], items)
+            self._store_names(txn, *items.take_names())
+            if items.attr_bytes > self._ATTRS_HELD_MAX:
+                self._store_attrs(txn, items, append=not attrs_stored)
+                attrs_stored = True
+        header = decoder.finish()
+        self._store_names(txn, *items.take_names())
+        self._store_attrs(txn, items, append=not attrs_stored)
+        self.count, self.total = header.count, items.total
+        return header
+
+    def _store_attrs(self, txn: lmdb.Transaction[bytes], items: snapshot_items.Items, *,
+                     append: bool) -> None:
+        """The attr items ``items`` holds, ascending and one per id: appended to the empty
+        db, or put among those an earlier batch stored (where an id's first entry stays)."""
+        txn.cursor(db=self._attr).putmulti(items.sorted_attrs(), append=append, overwrite=False)
+
     def _store(self, txn: lmdb.Transaction[bytes], rows: list[protocol.Row]) -> None:
         pack_id, pack_attr = _ID.pack, _ATTR.pack
         attrs = [
             (pack_id(r[0]), pack_attr(r[2], r[3], r[4], r[5], r[6], r[1]) + r[8]) for r in rows
         ]
         txn.cursor(db=self._attr).putmulti(attrs, overwrite=False)
-        dents, dposs = self._names(rows)
+        self._store_names(txn, *self._names(rows))
+        self.count += len(rows)
+        self.total += sum(r[3] for r in rows if r[2] & 0o170000 != stat.S_IFDIR)
+
+    def _store_names(self, txn: lmdb.Transaction[bytes], dents: list[tuple[bytes, bytes]],
+                     dposs: list[tuple[bytes, bytes]]) -> None:
         if txn.cursor(db=self._dent).putmulti(dents, overwrite=False)[1] != len(dents):
             raise protocol.WireError(_duplicate_name(txn, self._dent, dents))
         txn.cursor(db=self._dpos).putmulti(dposs)
-        self.count += len(rows)
-        self.total += sum(r[3] for r in rows if r[2] & 0o170000 != stat.S_IFDIR)
 
     def _names(self, rows: list[protocol.Row]) -> tuple[list[tuple[bytes, bytes]],
                                                     list[tuple[bytes, bytes]]]:
