@@ -133,18 +133,17 @@ class _BulkLoader:
 
     The compressed stream is inflated a step at a time (about 1 MiB of compressed input,
     tens of thousands of entries). Natively (``snapshot_items.Items``), each step's entries
-    are checked and made into dent and dpos items in C, stored with one ``putmulti`` per db,
-    and the attr items are held in C (about 60 bytes an entry) and stored sorted at the end
-    with LMDB's append, or sooner, in sorted batches, past ``_ATTRS_HELD_MAX``. In Python,
-    each step is decoded into plain tuples (``protocol.SnapshotDecoder.feed_rows``) and its
-    keys and values built in list comprehensions.
+    are checked and held in C (about 100 bytes an entry), and stored at the end sorted, with
+    LMDB's append, or sooner, in sorted batches, past ``_HELD_MAX``. In Python, each step is
+    decoded into plain tuples (``protocol.SnapshotDecoder.feed_rows``), its keys and values
+    built in list comprehensions and stored with one ``putmulti`` per db.
 
     Hard links: the first entry of an id gives its attributes (``overwrite=False``). A name
     listed twice in one directory is a ``WireError``.
     """
 
     _STEP = 1 << 20  # compressed bytes decoded per batch
-    _ATTRS_HELD_MAX = 512 << 20  # ~8M entries' attr items held in C before a batch is stored
+    _HELD_MAX = 512 << 20  # ~5M entries' items held in C before a batch is stored
 
     # lmdb._Database: what open_db returns (the module exports no public name for it)
     def __init__(self, attr: lmdb._Database, dent: lmdb._Database,
@@ -175,24 +174,32 @@ class _BulkLoader:
         decoder = protocol.SnapshotDecoder()
         items = snapshot_items.Items(protocol.WireError)
         view = memoryview(compressed)
-        attrs_stored = False
+        appending = True  # into the emptied dbs, until a batch is stored before the end
         for i in range(0, len(view), self._STEP):
             decoder.feed_into(view[i : i + self._STEP], items)
-            self._store_names(txn, *items.take_names())
-            if items.attr_bytes > self._ATTRS_HELD_MAX:
-                self._store_attrs(txn, items, append=not attrs_stored)
-                attrs_stored = True
+            if items.held_bytes > self._HELD_MAX:
+                self._store_held(txn, items, append=appending)
+                appending = False
         header = decoder.finish()
-        self._store_names(txn, *items.take_names())
-        self._store_attrs(txn, items, append=not attrs_stored)
+        self._store_held(txn, items, append=appending)
         self.count, self.total = header.count, items.total
         return header
 
-    def _store_attrs(self, txn: lmdb.Transaction[bytes], items: snapshot_items.Items, *,
-                     append: bool) -> None:
-        """The attr items ``items`` holds, ascending and one per id: appended to the empty
-        db, or put among those an earlier batch stored (where an id's first entry stays)."""
-        txn.cursor(db=self._attr).putmulti(items.sorted_attrs(), append=append, overwrite=False)
+    def _store_held(self, txn: lmdb.Transaction[bytes], items: snapshot_items.Items, *,
+                    append: bool) -> None:
+        """The items ``items`` holds, sorted: appended to the emptied dbs, or put among
+        those an earlier batch stored (where an id's first entry stays and a name listed
+        again is found)."""
+        dents, dposs = items.sorted_names()
+        if not append:
+            txn.cursor(db=self._attr).putmulti(items.sorted_attrs(), overwrite=False)
+            self._store_names(txn, list(dents), list(dposs))
+            return
+        for db, sorted_items in ((self._attr, items.sorted_attrs()), (self._dent, dents),
+                                 (self._dpos, dposs)):
+            consumed, added = txn.cursor(db=db).putmulti(sorted_items, append=True)
+            if added != consumed:  # LMDB's append skips a key not above the last one
+                raise RuntimeError("snapshot items out of order for LMDB's append")
 
     def _store(self, txn: lmdb.Transaction[bytes], rows: list[protocol.Row]) -> None:
         pack_id, pack_attr = _ID.pack, _ATTR.pack

@@ -11,19 +11,22 @@
  *   dent  key  parent (>Q) + name             value  child (>Q) + position (>I)
  *   dpos  key  parent (>Q) + position (>I)    value  child (>Q) + name
  *
- * dent and dpos items come back per step as lists of (key, value) tuples. attr items are kept
- * here and handed out sorted by key (`sorted_attrs`): file ids are hashes, so stored in stream
- * order every one lands at a random place in the B-tree (~1.5 us each), while sorted they go
- * in with LMDB's append (~0.3 us). Of an id listed more than once (hard links) the first
- * entry's attributes are kept, as `putmulti(overwrite=False)` does in stream order.
+ * Every item is held here and handed out sorted (`sorted_attrs`, `sorted_names`), so the
+ * loader stores them with LMDB's append: file ids are hashes, so in stream order each attr
+ * item lands at a random place in the B-tree and each directory's names at another (1M
+ * entries: ~1.5 s for attr, ~0.6 s for dent and for dpos; appended, ~0.3 s each, in pages
+ * filled instead of split in half). About 100 bytes an entry are held (the loader stores a
+ * batch past a limit). Of an id listed more than once (hard links) the first entry's
+ * attributes are kept, as `putmulti(overwrite=False)` does in stream order.
  *
  *   Items(error_class)
  *   .parse(buf, pos, count, seen, root_id) -> (pos, seen)
  *       every whole entry of ``buf[pos:]`` (a bytearray of plain stream bytes), at most up to
  *       ``count`` entries in all; raises error_class for a malformed or hostile one.
- *   .take_names() -> (dents, dposs)        the names parsed since the last take
  *   .sorted_attrs() -> iterator of (key, value), ascending, one per id; empties the store
- *   .attr_bytes       bytes held for attr items (the loader hands them out past a limit)
+ *   .sorted_names() -> (dents, dposs), iterators of (key, value), ascending; empties the
+ *       store; raises error_class for a name listed twice in a directory
+ *   .held_bytes       bytes held for items
  *   .total            the sum of the sizes of every entry that is not a directory
  */
 
@@ -123,30 +126,33 @@ static int dirs_grow(DirTable *t)
     return 0;
 }
 
-/* -- attr items, kept until handed out sorted --------------------------------------------- */
+/* -- items held until handed out sorted ----------------------------------------------------
+ *
+ * A Store is an arena of records and one Ref per record: the key it sorts by (a file id for
+ * attr records, the parent's id for name records) and where the record sits. */
 
 typedef struct {
-    uint64_t id;
-    size_t off; /* of the record in the arena: u16 target length, ATTR_FIXED bytes, target */
-} AttrRef;
+    uint64_t key;
+    size_t off;
+} Ref;
 
 typedef struct {
     unsigned char *arena;
     size_t len, cap;
-    AttrRef *refs;
+    Ref *refs;
     size_t n, refs_cap;
-} AttrStore;
+} Store;
 
-static void attrs_free(AttrStore *s)
+static void store_free(Store *s)
 {
     free(s->arena);
     free(s->refs);
     memset(s, 0, sizeof *s);
 }
 
-static unsigned char *attrs_add(AttrStore *s, uint64_t id, size_t tlen)
+/* room for one record of ``need`` bytes under ``key`` */
+static unsigned char *store_add(Store *s, uint64_t key, size_t need)
 {
-    size_t need = 2 + ATTR_FIXED + tlen;
     if (s->len + need > s->cap) {
         size_t cap = s->cap ? s->cap : (1 << 20);
         while (cap < s->len + need)
@@ -161,7 +167,7 @@ static unsigned char *attrs_add(AttrStore *s, uint64_t id, size_t tlen)
     }
     if (s->n == s->refs_cap) {
         size_t cap = s->refs_cap ? s->refs_cap * 2 : 16384;
-        AttrRef *refs = realloc(s->refs, cap * sizeof *refs);
+        Ref *refs = realloc(s->refs, cap * sizeof *refs);
         if (!refs) {
             PyErr_NoMemory();
             return NULL;
@@ -169,92 +175,207 @@ static unsigned char *attrs_add(AttrStore *s, uint64_t id, size_t tlen)
         s->refs = refs;
         s->refs_cap = cap;
     }
-    s->refs[s->n].id = id;
+    s->refs[s->n].key = key;
     s->refs[s->n].off = s->len;
     s->n++;
     unsigned char *rec = s->arena + s->len;
     s->len += need;
-    rec[0] = (unsigned char)(tlen & 0xff);
-    rec[1] = (unsigned char)(tlen >> 8);
-    return rec + 2;
+    return rec;
 }
 
-static int ref_order(const void *a, const void *b)
+/* Stable sort of refs by key (LSD radix, a byte per pass; a pass where every key has the
+ * same byte is skipped): records of one key stay in the order they were added. */
+static int radix_sort(Ref *refs, size_t n)
 {
-    const AttrRef *x = a, *y = b;
-    if (x->id != y->id)
-        return x->id < y->id ? -1 : 1;
-    return x->off < y->off ? -1 : (x->off > y->off); /* the first listed first */
+    Ref *tmp = malloc((n ? n : 1) * sizeof *tmp);
+    if (!tmp) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Ref *src = refs, *dst = tmp;
+    for (int shift = 0; shift < 64; shift += 8) {
+        size_t count[256] = {0};
+        for (size_t i = 0; i < n; i++)
+            count[(src[i].key >> shift) & 0xff]++;
+        if (n == 0 || count[(src[0].key >> shift) & 0xff] == n)
+            continue;
+        size_t at = 0;
+        for (int d = 0; d < 256; d++) {
+            size_t c = count[d];
+            count[d] = at;
+            at += c;
+        }
+        for (size_t i = 0; i < n; i++)
+            dst[count[(src[i].key >> shift) & 0xff]++] = src[i];
+        Ref *swap = src;
+        src = dst;
+        dst = swap;
+    }
+    if (src != refs)
+        memcpy(refs, src, n * sizeof *refs);
+    free(tmp);
+    return 0;
 }
 
-/* -- the iterator sorted_attrs returns ------------------------------------------------------ */
+/* attr record: u16 target length, ATTR_FIXED bytes, the target
+ * name record: child id (u64), position (u32), u8 name length, the name */
+#define NAME_REC_FIXED 13
+
+static const unsigned char *name_of(const unsigned char *arena, const Ref *ref, size_t *len)
+{
+    const unsigned char *rec = arena + ref->off;
+    *len = rec[12];
+    return rec + NAME_REC_FIXED;
+}
+
+/* LMDB's default order of the dent keys of one parent: bytewise, a prefix first */
+static const unsigned char *sort_arena;
+
+static int name_order(const void *a, const void *b)
+{
+    size_t la, lb;
+    const unsigned char *na = name_of(sort_arena, a, &la), *nb = name_of(sort_arena, b, &lb);
+    int c = memcmp(na, nb, la < lb ? la : lb);
+    if (c || la == lb)
+        return c ? c : (((const Ref *)a)->off > ((const Ref *)b)->off) -
+                       (((const Ref *)a)->off < ((const Ref *)b)->off);
+    return la < lb ? -1 : 1;
+}
+
+/* -- what sorted_attrs and sorted_names return ------------------------------------------------
+ *
+ * Held owns a store's arena and its refs in the order handed out (refs2: a second order of
+ * the same records); each iterator walks one order and keeps its Held alive. */
 
 typedef struct {
     PyObject_HEAD
-    AttrStore store;
-    size_t at;
-} SortedAttrs;
+    Store store;
+    Ref *refs2;
+} Held;
 
-static void sorted_dealloc(SortedAttrs *self)
+static void held_dealloc(Held *self)
 {
-    attrs_free(&self->store);
+    store_free(&self->store);
+    free(self->refs2);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *sorted_next(SortedAttrs *self)
+static PyTypeObject HeldType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "spokefs.namespace.snapshot_items.Held",
+    .tp_basicsize = sizeof(Held),
+    .tp_dealloc = (destructor)held_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+};
+
+enum { ATTR_ITEMS, DENT_ITEMS, DPOS_ITEMS };
+
+typedef struct {
+    PyObject_HEAD
+    Held *held;
+    size_t at;
+    int kind;
+} Sorted;
+
+static void sorted_dealloc(Sorted *self)
 {
-    AttrStore *s = &self->store;
-    while (self->at < s->n && self->at > 0 && s->refs[self->at].id == s->refs[self->at - 1].id)
-        self->at++; /* a hard link's later entries: the first one's attributes stay */
-    if (self->at >= s->n)
-        return NULL;
-    const AttrRef *ref = &s->refs[self->at++];
-    const unsigned char *rec = s->arena + ref->off;
-    size_t tlen = (size_t)rec[0] | (size_t)rec[1] << 8;
-    unsigned char key[8];
-    put_be64(key, ref->id);
-    PyObject *k = PyBytes_FromStringAndSize((const char *)key, 8);
-    PyObject *v = PyBytes_FromStringAndSize((const char *)rec + 2, ATTR_FIXED + tlen);
-    if (!k || !v) {
-        Py_XDECREF(k);
-        Py_XDECREF(v);
-        return NULL;
-    }
-    PyObject *item = PyTuple_Pack(2, k, v);
-    Py_DECREF(k);
-    Py_DECREF(v);
-    return item;
+    Py_XDECREF(self->held);
+    Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyTypeObject SortedAttrsType = {
+static PyObject *pair(const unsigned char *k, size_t klen, const unsigned char *v, size_t vlen)
+{
+    PyObject *key = PyBytes_FromStringAndSize((const char *)k, klen);
+    PyObject *value = PyBytes_FromStringAndSize((const char *)v, vlen);
+    PyObject *out = key && value ? PyTuple_Pack(2, key, value) : NULL;
+    Py_XDECREF(key);
+    Py_XDECREF(value);
+    return out;
+}
+
+static PyObject *sorted_next(Sorted *self)
+{
+    Store *s = &self->held->store;
+    const Ref *refs = self->kind == DPOS_ITEMS ? self->held->refs2 : s->refs;
+    if (self->kind == ATTR_ITEMS) /* a hard link's later entries: the first one's stay */
+        while (self->at < s->n && self->at > 0 && refs[self->at].key == refs[self->at - 1].key)
+            self->at++;
+    if (self->at >= s->n)
+        return NULL;
+    const Ref *ref = &refs[self->at++];
+    const unsigned char *rec = s->arena + ref->off;
+    unsigned char key[8 + NAME_MAX_BYTES], value[8 + NAME_MAX_BYTES];
+    put_be64(key, ref->key);
+    if (self->kind == ATTR_ITEMS)
+        return pair(key, 8, rec + 2, ATTR_FIXED + ((size_t)rec[0] | (size_t)rec[1] << 8));
+    size_t nlen;
+    const unsigned char *name = name_of(s->arena, ref, &nlen);
+    uint64_t child;
+    uint32_t pos;
+    memcpy(&child, rec, 8);
+    memcpy(&pos, rec + 8, 4);
+    put_be64(value, child);
+    if (self->kind == DENT_ITEMS) {
+        memcpy(key + 8, name, nlen);
+        put_be32(value + 8, pos);
+        return pair(key, 8 + nlen, value, 12);
+    }
+    put_be32(key + 8, pos);
+    memcpy(value + 8, name, nlen);
+    return pair(key, 12, value, 8 + nlen);
+}
+
+static PyTypeObject SortedType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "spokefs.namespace.snapshot_items.SortedAttrs",
-    .tp_basicsize = sizeof(SortedAttrs),
+    .tp_name = "spokefs.namespace.snapshot_items.Sorted",
+    .tp_basicsize = sizeof(Sorted),
     .tp_dealloc = (destructor)sorted_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_iter = PyObject_SelfIter,
     .tp_iternext = (iternextfunc)sorted_next,
 };
 
+static PyObject *sorted_iter(Held *held, int kind)
+{
+    Sorted *it = PyObject_New(Sorted, &SortedType);
+    if (!it)
+        return NULL;
+    Py_INCREF(held);
+    it->held = held;
+    it->at = 0;
+    it->kind = kind;
+    return (PyObject *)it;
+}
+
+/* a Held that takes over ``store`` (left empty) */
+static Held *hold(Store *store)
+{
+    Held *held = PyObject_New(Held, &HeldType);
+    if (!held)
+        return NULL;
+    held->store = *store;
+    held->refs2 = NULL;
+    memset(store, 0, sizeof *store);
+    return held;
+}
+
 /* -- Items ---------------------------------------------------------------------------------- */
 
 typedef struct {
     PyObject_HEAD
     PyObject *error;  /* the class raised for a bad entry (protocol.WireError) */
-    PyObject *dents, *dposs;
     DirTable dirs;
-    AttrStore attrs;
+    Store attrs, names;
     unsigned __int128 total;
 } Items;
 
 static void items_dealloc(Items *self)
 {
     Py_XDECREF(self->error);
-    Py_XDECREF(self->dents);
-    Py_XDECREF(self->dposs);
     free(self->dirs.ids);
     free(self->dirs.next);
-    attrs_free(&self->attrs);
+    store_free(&self->attrs);
+    store_free(&self->names);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -265,10 +386,6 @@ static int items_init(Items *self, PyObject *args, PyObject *kwds)
         return -1;
     Py_INCREF(error);
     Py_XSETREF(self->error, error);
-    Py_XSETREF(self->dents, PyList_New(0));
-    Py_XSETREF(self->dposs, PyList_New(0));
-    if (!self->dents || !self->dposs)
-        return -1;
     if (!self->dirs.cap && dirs_grow(&self->dirs) < 0)
         return -1;
     return 0;
@@ -297,29 +414,17 @@ static int add_dir(Items *self, uint64_t id)
     return 0;
 }
 
-static int append_pair(PyObject *list, const unsigned char *k, size_t klen,
-                       const unsigned char *v, size_t vlen)
-{
-    PyObject *key = PyBytes_FromStringAndSize((const char *)k, klen);
-    PyObject *value = PyBytes_FromStringAndSize((const char *)v, vlen);
-    PyObject *pair = key && value ? PyTuple_Pack(2, key, value) : NULL;
-    Py_XDECREF(key);
-    Py_XDECREF(value);
-    if (!pair)
-        return -1;
-    int rc = PyList_Append(list, pair);
-    Py_DECREF(pair);
-    return rc;
-}
-
 /* The items of one checked entry. */
 static int emit(Items *self, uint64_t fid, uint64_t parent, uint32_t mode, uint64_t size,
                 uint64_t mtime, uint32_t nlink, uint64_t version, const unsigned char *name,
                 size_t nlen, const unsigned char *target, size_t tlen)
 {
-    unsigned char *value = attrs_add(&self->attrs, fid, tlen);
-    if (!value)
+    unsigned char *rec = store_add(&self->attrs, fid, 2 + ATTR_FIXED + tlen);
+    if (!rec)
         return -1;
+    rec[0] = (unsigned char)(tlen & 0xff);
+    rec[1] = (unsigned char)(tlen >> 8);
+    unsigned char *value = rec + 2;
     put_le32(value, mode);
     put_le64(value + 4, size);
     put_le64(value + 12, mtime);
@@ -333,16 +438,14 @@ static int emit(Items *self, uint64_t fid, uint64_t parent, uint32_t mode, uint6
         return 0; /* the root has no name */
     size_t slot = slot_of(&self->dirs, parent); /* checked to be there */
     uint32_t pos = self->dirs.next[slot]++;
-    unsigned char buf[8 + 4 + NAME_MAX_BYTES], val[8 + 4 + NAME_MAX_BYTES];
-    put_be64(buf, parent);
-    memcpy(buf + 8, name, nlen);
-    put_be64(val, fid);
-    put_be32(val + 8, pos);
-    if (append_pair(self->dents, buf, 8 + nlen, val, 12) < 0)
+    rec = store_add(&self->names, parent, NAME_REC_FIXED + nlen);
+    if (!rec)
         return -1;
-    put_be32(buf + 8, pos);
-    memcpy(val + 8, name, nlen);
-    return append_pair(self->dposs, buf, 12, val, 8 + nlen);
+    memcpy(rec, &fid, 8);
+    memcpy(rec + 8, &pos, 4);
+    rec[12] = (unsigned char)nlen;
+    memcpy(rec + NAME_REC_FIXED, name, nlen);
+    return 0;
 }
 
 static int name_is_bad(const unsigned char *name, size_t nlen)
@@ -461,37 +564,71 @@ error:
     return NULL;
 }
 
-static PyObject *items_take_names(Items *self, PyObject *unused)
+static PyObject *items_sorted_attrs(Items *self, PyObject *unused)
 {
-    PyObject *dents = PyList_New(0), *dposs = PyList_New(0);
+    if (radix_sort(self->attrs.refs, self->attrs.n) < 0)
+        return NULL;
+    Held *held = hold(&self->attrs);
+    if (!held)
+        return NULL;
+    PyObject *it = sorted_iter(held, ATTR_ITEMS);
+    Py_DECREF(held);
+    return it;
+}
+
+/* The names held, in the dent db's order and in the dpos db's; a name listed twice in one
+ * directory raises the error class (as the loader's Python way words it). */
+static PyObject *items_sorted_names(Items *self, PyObject *unused)
+{
+    Store *s = &self->names;
+    if (radix_sort(s->refs, s->n) < 0) /* by parent; each parent's in stream = position order */
+        return NULL;
+    Ref *by_pos = malloc((s->n ? s->n : 1) * sizeof *by_pos);
+    if (!by_pos)
+        return PyErr_NoMemory();
+    memcpy(by_pos, s->refs, s->n * sizeof *by_pos);
+    sort_arena = s->arena; /* under the GIL: no other sort runs */
+    for (size_t start = 0, end; start < s->n; start = end) {
+        int sorted = 1;
+        for (end = start + 1; end < s->n && s->refs[end].key == s->refs[start].key; end++)
+            if (sorted && name_order(&s->refs[end - 1], &s->refs[end]) > 0)
+                sorted = 0;
+        if (!sorted) /* hubd lists a directory's names in order: this is for other hubs */
+            qsort(s->refs + start, end - start, sizeof(Ref), name_order);
+        for (size_t i = start + 1; i < end; i++) {
+            size_t la, lb;
+            const unsigned char *a = name_of(s->arena, &s->refs[i - 1], &la);
+            const unsigned char *b = name_of(s->arena, &s->refs[i], &lb);
+            if (la == lb && memcmp(a, b, la) == 0) {
+                char where[40];
+                snprintf(where, sizeof where, " listed twice in %llx",
+                         (unsigned long long)s->refs[i].key);
+                fail_name(self, "name ", a, la, where);
+                free(by_pos);
+                return NULL;
+            }
+        }
+    }
+    Held *held = hold(s);
+    if (!held) {
+        free(by_pos);
+        return NULL;
+    }
+    held->refs2 = by_pos;
+    PyObject *dents = sorted_iter(held, DENT_ITEMS), *dposs = sorted_iter(held, DPOS_ITEMS);
+    Py_DECREF(held);
     if (!dents || !dposs) {
         Py_XDECREF(dents);
         Py_XDECREF(dposs);
         return NULL;
     }
-    PyObject *out = Py_BuildValue("NN", self->dents, self->dposs);
-    self->dents = dents;
-    self->dposs = dposs;
-    return out;
+    return Py_BuildValue("NN", dents, dposs);
 }
 
-static PyObject *items_sorted_attrs(Items *self, PyObject *unused)
+static PyObject *items_held_bytes(Items *self, void *closure)
 {
-    SortedAttrs *it = PyObject_New(SortedAttrs, &SortedAttrsType);
-    if (!it)
-        return NULL;
-    it->store = self->attrs;
-    it->at = 0;
-    memset(&self->attrs, 0, sizeof self->attrs);
-    Py_BEGIN_ALLOW_THREADS
-    qsort(it->store.refs, it->store.n, sizeof(AttrRef), ref_order);
-    Py_END_ALLOW_THREADS
-    return (PyObject *)it;
-}
-
-static PyObject *items_attr_bytes(Items *self, void *closure)
-{
-    return PyLong_FromSize_t(self->attrs.len + self->attrs.n * sizeof(AttrRef));
+    return PyLong_FromSize_t(self->attrs.len + self->names.len +
+                             (self->attrs.n + self->names.n) * sizeof(Ref));
 }
 
 static PyObject *items_total(Items *self, void *closure)
@@ -511,15 +648,15 @@ static PyObject *items_total(Items *self, void *closure)
 static PyMethodDef items_methods[] = {
     {"parse", (PyCFunction)items_parse, METH_VARARGS,
      "parse(buf, pos, count, seen, root_id) -> (pos, seen): the whole entries of buf[pos:]"},
-    {"take_names", (PyCFunction)items_take_names, METH_NOARGS,
-     "take_names() -> (dents, dposs): the dent and dpos items parsed since the last take"},
     {"sorted_attrs", (PyCFunction)items_sorted_attrs, METH_NOARGS,
      "sorted_attrs() -> iterator of (key, value): the attr items held, ascending, one per id"},
+    {"sorted_names", (PyCFunction)items_sorted_names, METH_NOARGS,
+     "sorted_names() -> (dents, dposs): iterators of the dent and dpos items held, ascending"},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef items_getset[] = {
-    {"attr_bytes", (getter)items_attr_bytes, NULL, "bytes held for attr items", NULL},
+    {"held_bytes", (getter)items_held_bytes, NULL, "bytes held for items", NULL},
     {"total", (getter)items_total, NULL, "the sum of the sizes of every non-directory", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
@@ -544,7 +681,8 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit_snapshot_items(void)
 {
-    if (PyType_Ready(&ItemsType) < 0 || PyType_Ready(&SortedAttrsType) < 0)
+    if (PyType_Ready(&ItemsType) < 0 || PyType_Ready(&HeldType) < 0 ||
+        PyType_Ready(&SortedType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m)

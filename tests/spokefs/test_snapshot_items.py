@@ -75,11 +75,11 @@ def test_both_ways_store_the_same_namespace(tmp_path, monkeypatch, step):
     python.close()
 
 
-def test_attr_items_stored_in_batches_keep_the_first_entry_of_an_id(tmp_path, monkeypatch):
-    """Past the held limit attr items go in sorted batches among the stored ones: a hard
-    link's first entry (an earlier batch) still gives the attributes."""
+def test_items_stored_in_batches_keep_the_first_entry_of_an_id(tmp_path, monkeypatch):
+    """Past the held limit items go in sorted batches among the stored ones: a hard link's
+    first entry (an earlier batch) still gives the attributes, positions go on."""
     monkeypatch.setattr(replica._BulkLoader, "_STEP", 512)
-    monkeypatch.setattr(replica._BulkLoader, "_ATTRS_HELD_MAX", 1)
+    monkeypatch.setattr(replica._BulkLoader, "_HELD_MAX", 1)
     blob = wire.snapshot(9, ROOT, big_tree())
     batched = load(tmp_path / "c", blob, True, monkeypatch)
     python = load(tmp_path / "py", blob, False, monkeypatch)
@@ -153,3 +153,11 @@ def test_a_count_other_than_the_entries_is_rejected(tmp_path, monkeypatch, nativ
     """Fewer entries than the header says (the trailer is read as an entry, or cut short),
     or more (the trailer is not where it should be)."""
     assert rejection(tmp_path, raw_snapshot(GOOD, count=count), native, monkeypatch)
+
+
+def test_a_name_twice_in_two_batches_is_rejected(tmp_path, monkeypatch):
+    monkeypatch.setattr(replica._BulkLoader, "_STEP", 64)
+    monkeypatch.setattr(replica._BulkLoader, "_HELD_MAX", 1)
+    twice = [*big_tree(), Entry(0x9000, ROOT, REG, 1, 1, 1, 1, b"d000")]
+    message = rejection(tmp_path, wire.snapshot(7, ROOT, twice), True, monkeypatch)
+    assert "listed twice" in message
