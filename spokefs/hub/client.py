@@ -14,7 +14,8 @@ Blob answers are framed (docs/protocol.md, "Why a version 2"): every 4 KiB frame
 against its seeded xxh3 before any byte of the answer is returned, and every pack member
 against the sum in its record, so bytes damaged on the way (or by a cache) are never
 cached; a blob or pack answer is never read past the bytes asked for (a lying hub cannot
-fill memory). A snapshot answer with another content type is a bad snapshot
+fill memory). The snapshot is streamed to a sink (the namespace loader's child, which
+decodes it as it arrives); an answer with another content type is a bad snapshot
 (``protocol.WireError``). A hub that answers 404 for ``/v2/snapshot`` speaks an older protocol:
 the mount fails with one line naming both versions.
 
@@ -54,7 +55,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from types import TracebackType
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import httpcore
 import httpx
@@ -96,6 +97,16 @@ _SPARE_BUFFERS = 8  # receive buffers kept for the next blob answers (a few MiB 
 _ERROR_BODY_MAX = 64 << 10  # hubd's JSON errors are one line; read them so the connection stays
 _TIER_PAUSE_S = 5.0  # a tier that did not answer is left alone this long, then tried again
 _PROBE_TIMEOUT_S = 5.0  # a /healthz probe of a hub not in use: a few bytes, a few round trips
+
+
+class SnapshotSink(Protocol):
+    """Where ``HubClient.stream_snapshot`` feeds the compressed snapshot as it arrives."""
+
+    async def restart(self) -> None:
+        """A new attempt begins: what was fed before (if anything) is to be forgotten."""
+
+    async def feed(self, chunk: bytes) -> None:
+        """The next piece of the compressed snapshot."""
 
 
 class _Retry(Exception):
@@ -212,11 +223,18 @@ class HubClient:
             if self._tier is not None:
                 await self._tier.aclose()
 
-    async def fetch_snapshot(self, *, deadline_s: float | None = None) -> bytes:
-        """The compressed snapshot, whole (a 1M-entry namespace is tens of MB at most)."""
+    async def stream_snapshot(self, sink: SnapshotSink, *,
+                              deadline_s: float | None = None) -> int:
+        """The compressed snapshot, fed to ``sink`` as it arrives; the bytes received.
 
-        async def attempt(base: str) -> bytes:
+        Each attempt begins with ``sink.restart()``: an attempt that fails part way is
+        tried again from the snapshot's start.
+        """
+
+        async def attempt(base: str) -> int:
+            await sink.restart()
             sent = time.monotonic()
+            received = 0
             async with self._hubs[base].stream("GET", protocol.SNAPSHOT_PATH) as resp:
                 self._waits.append(time.monotonic() - sent)
                 self._check_status(resp, "snapshot")
@@ -224,10 +242,11 @@ class HubClient:
                 if not ctype.startswith(protocol.SNAPSHOT_MEDIA_TYPE):
                     raise protocol.WireError(f"content type {ctype[:60]!r}, not "
                                          f"{protocol.SNAPSHOT_MEDIA_TYPE}")
-                parts = [chunk async for chunk in resp.aiter_raw()]
-            body = b"".join(parts)
-            self._received(len(body))
-            return body
+                async for chunk in resp.aiter_raw():
+                    received += len(chunk)
+                    await sink.feed(chunk)
+            self._received(received)
+            return received
 
         # The deadline bounds the attempts, not the transfer: a large namespace over a slow
         # link takes as long as it takes, and httpx's read timeout catches a stalled one.

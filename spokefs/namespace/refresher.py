@@ -50,7 +50,7 @@ from spokefs.errors import (
 from spokefs.hub.client import HubClient
 from spokefs.log_limit import LogLimiter
 from spokefs.namespace.replica import Applied, Namespace, NamespaceInfo
-from spokefs.namespace.snapshot_load import LoadFailed, reload_snapshot_apart
+from spokefs.namespace.snapshot_load import ChildLoad, LoadFailed, reload_snapshot_apart
 
 log = logging.getLogger(__name__)
 
@@ -254,11 +254,16 @@ class Refresher:
 
     async def _full(self, deadline_s: float | None) -> None:
         started = time.monotonic()
-        body = await self._hub.fetch_snapshot(deadline_s=deadline_s)
-        applied = await reload_snapshot_apart(self._ns, body)
+        received = 0
+
+        async def fetch(sink: ChildLoad) -> None:
+            nonlocal received
+            received = await self._hub.stream_snapshot(sink, deadline_s=deadline_s)
+
+        applied = await reload_snapshot_apart(self._ns, fetch)
         self._behind_since = None
         log.info("snapshot loaded: entries=%d generation=%d compressed=%d seconds=%.2f",
-                 applied.info.entries, applied.info.generation, len(body),
+                 applied.info.entries, applied.info.generation, received,
                  time.monotonic() - started)
         await self._forget(applied)
 

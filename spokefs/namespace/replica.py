@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import stat
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,30 +153,34 @@ class _BulkLoader:
         self.count = 0
         self.total = 0
 
-    def load(self, txn: lmdb.Transaction[bytes], compressed: bytes) -> protocol.SnapshotHeader:
-        """Decode and store every entry; the snapshot's header.
+    def load(self, txn: lmdb.Transaction[bytes],
+             compressed: bytes | Iterable[bytes]) -> protocol.SnapshotHeader:
+        """Decode and store every entry of the stream (whole, or its pieces as they come);
+        the snapshot's header.
 
         Raises:
             protocol.WireError: malformed or hostile (the caller aborts the transaction).
         """
+        pieces: Iterable[bytes | memoryview] = compressed
+        if isinstance(compressed, bytes):
+            view = memoryview(compressed)
+            pieces = (view[i : i + self._STEP] for i in range(0, len(view), self._STEP))
         if NATIVE:
-            return self._load_native(txn, compressed)
+            return self._load_native(txn, pieces)
         decoder = protocol.SnapshotDecoder()
-        view = memoryview(compressed)
-        for i in range(0, len(view), self._STEP):
-            rows = decoder.feed_rows(view[i : i + self._STEP])
+        for piece in pieces:
+            rows = decoder.feed_rows(piece)
             if rows:
                 self._store(txn, rows)
         return decoder.finish()
 
     def _load_native(self, txn: lmdb.Transaction[bytes],
-                     compressed: bytes) -> protocol.SnapshotHeader:
+                     pieces: Iterable[bytes | memoryview]) -> protocol.SnapshotHeader:
         decoder = protocol.SnapshotDecoder()
         items = snapshot_items.Items(protocol.WireError)
-        view = memoryview(compressed)
         appending = True  # into the emptied dbs, until a batch is stored before the end
-        for i in range(0, len(view), self._STEP):
-            decoder.feed_into(view[i : i + self._STEP], items)
+        for piece in pieces:
+            decoder.feed_into(piece, items)
             if items.held_bytes > self._HELD_MAX:
                 self._store_held(txn, items, append=appending)
                 appending = False
@@ -278,8 +282,9 @@ class Namespace:
 
     # -- loading ---------------------------------------------------------------------
 
-    def reload_snapshot(self, compressed: bytes) -> Applied:
-        """Replace the namespace with a snapshot; report what the kernel must forget.
+    def reload_snapshot(self, compressed: bytes | Iterable[bytes]) -> Applied:
+        """Replace the namespace with a snapshot (whole, or its pieces as they arrive);
+        report what the kernel must forget.
 
         Without a change list, the kernel's caches are flushed wholesale: every name in the
         root (forgetting a directory's name prunes its whole cached subtree) and every file

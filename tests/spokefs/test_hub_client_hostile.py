@@ -159,11 +159,21 @@ async def test_an_older_hub_fails_with_both_versions_named(hub: LyingHub) -> Non
     hub.answer = lambda h: (404, {}, b"404: Not Found")
     async with client(hub) as c:
         with pytest.raises(HubProtocolError, match=r"does not speak protocol v2.*protocol v1"):
-            await c.fetch_snapshot()
+            await c.stream_snapshot(Discard())
 
 
 async def test_snapshot_with_another_content_type_is_a_bad_snapshot(hub: LyingHub) -> None:
     hub.answer = lambda h: (200, {"Content-Type": "text/html"}, b"<html>login</html>")
     async with client(hub) as c:
         with pytest.raises(protocol.WireError, match="content type"):
-            await c.fetch_snapshot()
+            await c.stream_snapshot(Discard())
+
+
+class Discard:
+    """A snapshot sink that keeps nothing (these tests look at the errors)."""
+
+    async def restart(self) -> None:
+        pass
+
+    async def feed(self, chunk: bytes) -> None:
+        pass
