@@ -161,10 +161,12 @@ class _BulkLoader:
         Raises:
             protocol.WireError: malformed or hostile (the caller aborts the transaction).
         """
-        pieces: Iterable[bytes | memoryview] = compressed
+        pieces: Iterable[bytes | memoryview]
         if isinstance(compressed, bytes):
             view = memoryview(compressed)
             pieces = (view[i : i + self._STEP] for i in range(0, len(view), self._STEP))
+        else:
+            pieces = compressed
         if NATIVE:
             return self._load_native(txn, pieces)
         decoder = protocol.SnapshotDecoder()

@@ -22,6 +22,7 @@ else is a failure of the child (its stderr's last line says what).
 from __future__ import annotations
 
 import contextlib
+import os
 import pickle
 import subprocess
 import sys
@@ -145,7 +146,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m spokefs.namespace.snapshot_load NAMESPACE_DIR", file=sys.stderr)
         return 2
-    pieces = iter(partial(sys.stdin.buffer.read1, _PIECE), b"")  # as they arrive
+    pieces = iter(partial(os.read, sys.stdin.fileno(), _PIECE), b"")  # as they arrive
     ns = Namespace(Path(argv[0]))
     try:
         applied = ns.reload_snapshot(pieces)
