@@ -45,6 +45,7 @@ from spokefs.hub.link_model import LinkReach
 from spokefs.hub.origins import HubOrigins
 from spokefs.jobs import trace_file
 from spokefs.jobs.control import JobControl
+from spokefs.jobs.orders import Orders
 from spokefs.jobs.pins import Pins
 from spokefs.jobs.replay import Replayer
 from spokefs.mounttab import find_mount
@@ -193,8 +194,8 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             prefetcher = Prefetcher(source, lister, cfg.prefetch, cfg.cache_max_bytes)
         trace = TraceRecorder(cfg.cache_dir / "trace") if cfg.trace else None
         reader = Reader(source, prefetcher, cfg.hub_deadline_s, trace=trace)
-        replayer, jobs = _job_control(cfg, ns, cache, source, lister, reader, prefetcher,
-                                      trace)
+        replayer, orders, jobs = _job_control(cfg, ns, cache, source, lister, reader,
+                                              prefetcher, trace)
         ops = SpokeOps(ns, reader, Control(ns, reader, refresher, jobs), cfg)
         options = _fuse_options(cfg)
         try:
@@ -223,6 +224,8 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
                 if trace is not None:
                     await nursery.start(supervised, "trace", trace.run)
                 await nursery.start(supervised, "replayer", replayer.run)
+                if orders is not None:
+                    await nursery.start(supervised, "orders", orders.run)
                 if replay is not None:  # epoch 1 of the next run reads warm data
                     replayer.start(replay, cfg.replay_path.name if cfg.replay_path else "")
                 if origins.several:
@@ -266,24 +269,28 @@ def _opened(store: Callable[..., T], path: Path, *args: object) -> T:
 def _job_control(
     cfg: SpokeConfig, ns: Namespace, cache: BlockCache, source: BlockSource, lister: _DirLister,
     reader: Reader, prefetcher: Prefetcher | None, trace: TraceRecorder | None,
-) -> tuple[Replayer, JobControl]:
-    """The replayer, pins and their control attributes."""
+) -> tuple[Replayer, Orders | None, JobControl]:
+    """The replayer, the jobs' orders (with prefetch on), pins and their control
+    attributes."""
     reach = prefetcher.reach if prefetcher is not None else LinkReach(
         source.received_bytes, source.rtt_s, cfg.prefetch.assumed_link_bytes_per_s)
 
     def budget() -> int:  # the cache less its fill window and the pins
         return max(0, cache.max_bytes - cache.window_bytes - cache.statistics().pinned_bytes)
 
-    replayer = Replayer(
-        source, reach, functools.partial(trace_file.resolve, ns), lister,
+    make = functools.partial(
+        Replayer, source, reach, functools.partial(trace_file.resolve, ns), lister,
         small_file_bytes=cfg.prefetch.small_file_bytes,
         request_bytes=cfg.prefetch.request_bytes,
         max_inflight_bytes=cfg.prefetch.max_inflight_bytes, budget_bytes=budget,
     )
+    replayer = make()
+    orders = Orders(functools.partial(make, flight=replayer.flight)) \
+        if cfg.prefetch.enabled else None
     pins = Pins(cache, reader, int(cfg.cache_max_bytes * cfg.max_pinned_share))
     jobs = JobControl(ns, trace, replayer, pins, cfg.cache_dir / "trace" / "saved.trace",
-                      cfg.hub_url)
-    return replayer, jobs
+                      cfg.hub_url, orders)
+    return replayer, orders, jobs
 
 
 async def _while_warming(

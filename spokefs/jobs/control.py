@@ -12,6 +12,9 @@ the rest and the protocol's rules; ``commands`` is the client side).
 | ``user.spokefs.replay:PATH``       | any   | starts replaying a trace file; the replay's id  |
 | ``user.spokefs.replay``            | any   | JSON: the replay's progress (``replay``)        |
 | ``user.spokefs.replay.stop``       | any   | stops it; ``0``                                 |
+| ``user.spokefs.order:PATH``        | any   | fetches a job's announced order (a list file,   |
+|                                    |       | ``orders``); the order's id                     |
+| ``user.spokefs.order``             | any   | JSON: every job's order and its progress        |
 | ``user.spokefs.pin``               | file  | pins it (fetching it first); bytes pinned       |
 | ``user.spokefs.unpin``             | file  | unpins every version of it; bytes unpinned      |
 
@@ -22,7 +25,10 @@ root), opens it without following it into a FIFO, and caps its size; it is only 
 as a trace. Nothing is ever *written* where a caller says: a saved trace is paged out
 through ``trace.page.N`` and written by the CLI with the caller's own rights.
 
-Starting a replay answers at once (a short value: ``getxattr`` asks once with a small
+An order's list names its job in its header (``"job"``; ``spokefs.torch`` writes its host
+and process id): a job's new order replaces its last one, other jobs' orders go on.
+
+Starting a replay or an order answers at once (a short value: ``getxattr`` asks once with a small
 buffer, and again with a large one only when the value does not fit, so a long answer would
 start it twice); the client polls ``replay`` for progress.
 """
@@ -38,6 +44,7 @@ import trio
 
 from spokefs import metrics
 from spokefs.errors import BadRequest, NotPermitted, StoreFailed, UserError
+from spokefs.jobs.orders import Orders
 from spokefs.jobs.pins import Pins
 from spokefs.jobs.replay import Replayer
 from spokefs.jobs.trace_file import Entry, dumps, entries_of, read, resolve, summary
@@ -53,6 +60,8 @@ TRACE_CHECK = PREFIX + b"trace.check:"
 REPLAY = PREFIX + b"replay"
 REPLAY_START = PREFIX + b"replay:"
 REPLAY_STOP = PREFIX + b"replay.stop"
+ORDER = PREFIX + b"order"
+ORDER_START = PREFIX + b"order:"
 PIN = PREFIX + b"pin"
 UNPIN = PREFIX + b"unpin"
 PAGE = 60_000  # under XATTR_SIZE_MAX (64 KiB)
@@ -62,10 +71,12 @@ class JobControl:
     """Answers the attributes above."""
 
     def __init__(self, ns: Namespace, trace: TraceRecorder | None, replayer: Replayer,
-                 pins: Pins, export_path: Path, hub_url: str) -> None:
+                 pins: Pins, export_path: Path, hub_url: str,
+                 orders: Orders | None = None) -> None:
         self._ns = ns
         self._trace = trace
         self._replayer = replayer
+        self._orders = orders
         self._pins = pins
         self._export = export_path
         self._hub_url = hub_url
@@ -88,6 +99,8 @@ class JobControl:
             path = _path(name[len(REPLAY_START):])
             _, entries = await self._load(path, uid)
             return str(self._replayer.start(entries, path.name)).encode()
+        if name == ORDER or name.startswith(ORDER_START):
+            return await self._order(name, uid)
         if name.startswith(TRACE_CHECK):
             return json.dumps(await self._check(_path(name[len(TRACE_CHECK):]), uid),
                               sort_keys=True).encode()
@@ -109,6 +122,16 @@ class JobControl:
             "replay": {"state": p.state, "name": p.name, "total_bytes": p.total_bytes,
                        "done_bytes": p.done_bytes},
         }
+
+    async def _order(self, name: bytes, uid: int) -> bytes:
+        if self._orders is None:
+            raise BadRequest("this mount takes no orders (prefetch is off)")
+        if name == ORDER:
+            return json.dumps(self._orders.progress(), sort_keys=True).encode()
+        path = _path(name[len(ORDER_START):])
+        head, entries = await self._load(path, uid)
+        job = str(head.get("job") or path.name)[:200]
+        return str(self._orders.start(job, entries, path.name)).encode()
 
     async def _load(self, path: Path, uid: int) -> tuple[dict[str, object], list[Entry]]:
         """A trace file the caller may read, parsed (in a worker thread)."""

@@ -103,29 +103,58 @@ class Progress:
         return asdict(self)
 
 
+class InFlight:
+    """The bytes replays have on their way, and the bound they share: about twice the link's
+    bandwidth-delay product (as ``dir_fill``), so that several replays at once (the orders
+    of several jobs on one node) keep the link full without queueing more at its bottleneck."""
+
+    def __init__(self, reach: LinkReach, max_inflight_bytes: int) -> None:
+        self._reach = reach
+        self._max = max(max_inflight_bytes, _MIN_INFLIGHT_BYTES)
+        self.bytes = 0
+        self._changed = trio.Event()
+
+    def target(self) -> int:
+        bdp = self._reach.bdp_bytes()
+        if bdp is None:
+            return _INITIAL_INFLIGHT_BYTES
+        return min(self._max, max(_MIN_INFLIGHT_BYTES, 2 * bdp))
+
+    async def reserve(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` more fit (one request always does), and count them."""
+        while self.bytes and self.bytes + nbytes > self.target():
+            if self._changed.is_set():
+                self._changed = trio.Event()
+            with trio.move_on_after(0.25):  # the target follows the link as it is measured
+                await self._changed.wait()
+        self.bytes += nbytes
+
+    def release(self, nbytes: int) -> None:
+        self.bytes -= nbytes
+        self._changed.set()
+
+
 class Replayer:
     """Fetches traces' working sets ahead of the readers."""
 
     def __init__(
         self, source: BlockSource, reach: LinkReach, resolve: Callable[[list[Entry]], Resolved],
         packs: PackFinder, *, small_file_bytes: int, request_bytes: int, max_inflight_bytes: int,
-        budget_bytes: Callable[[], int],
+        budget_bytes: Callable[[], int], flight: InFlight | None = None,
     ) -> None:
+        """``flight``: the in-flight bound shared with other replayers (else its own)."""
         self._source = source
-        self._reach = reach
         self._resolve = resolve
         self._packs = packs
         self._small = small_file_bytes
         self._request_bytes = request_bytes
-        self._max_inflight = max(max_inflight_bytes, _MIN_INFLIGHT_BYTES)
+        self.flight = flight if flight is not None else InFlight(reach, max_inflight_bytes)
         self._budget = budget_bytes
         self._ids = itertools.count(1)
         self._progress = Progress()
         self._pending: tuple[Progress, list[Entry]] | None = None
         self._scope: trio.CancelScope | None = None
         self._wake = trio.Event()
-        self._inflight = 0
-        self._changed = trio.Event()
 
     # -- control (synchronous) ----------------------------------------------------------
 
@@ -246,12 +275,12 @@ class Replayer:
     async def _launch(self, nursery: trio.Nursery, nbytes: int,
                       fn: Callable[..., Awaitable[None]], *args: object) -> None:
         """Start ``fn(*args)`` once ``nbytes`` more fit in flight (one request at least)."""
-        while self._inflight and self._inflight + nbytes > self._target_inflight():
-            self._changed = trio.Event()
-            with trio.move_on_after(0.25):  # the target follows the link as it is measured
-                await self._changed.wait()
-        await self._source.wait_room()
-        self._inflight += nbytes
+        await self.flight.reserve(nbytes)
+        try:
+            await self._source.wait_room()
+        except BaseException:
+            self.flight.release(nbytes)
+            raise
         nursery.start_soon(fn, *args)
 
     async def _pack(self, progress: Progress, plan: protocol.PackPlan, job: _PackJob) -> None:
@@ -265,8 +294,7 @@ class Replayer:
         finally:
             job.finished = True
             self._done(progress, job.attached)
-            self._inflight -= plan.file_bytes
-            self._changed.set()
+            self.flight.release(plan.file_bytes)
 
     async def _range(self, progress: Progress, fv: FileVersion, start: int, end: int) -> None:
         try:
@@ -278,20 +306,12 @@ class Replayer:
             self._done(progress, end - start)
             log.debug("replay range failed: %s", exc)
         finally:
-            self._inflight -= end - start
-            self._changed.set()
+            self.flight.release(end - start)
 
     def _done(self, progress: Progress, nbytes: int) -> None:
         progress.done_bytes += nbytes
         if progress is self._progress:
             metrics.REPLAY_DONE_BYTES.set(progress.done_bytes)
-
-    def _target_inflight(self) -> int:
-        """About twice the bandwidth-delay product (as ``dir_fill``)."""
-        bdp = self._reach.bdp_bytes()
-        if bdp is None:
-            return _INITIAL_INFLIGHT_BYTES
-        return min(self._max_inflight, max(_MIN_INFLIGHT_BYTES, 2 * bdp))
 
 
 _CHUNK = 64 << 10  # config.CHUNK_SIZE; ranges are cut on chunk boundaries

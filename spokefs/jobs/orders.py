@@ -1,0 +1,77 @@
+"""Orders: the file order a job announces for its next epoch (``spokefs.torch.clairvoyant``),
+fetched in that order ahead of its readers.
+
+An order is a list (``trace_file``; version 0: whatever version is current) that a job sends
+when its sampler has drawn an epoch's permutation. It is replayed like a trace
+(``replay.Replayer``: small files in packs, demand misses first, nothing fetched twice,
+within the cache), one replay per announcing job: the list's header names the job (``job``:
+``spokefs.torch`` writes its host and process id), and a job's new order replaces its
+previous one, while the orders of other jobs on the node (one per rank of a multi-GPU job)
+go on beside it. All of them, and the trace replay of ``--replay``/``warm``, share one
+in-flight bound (``replay.InFlight``), so eight ranks do not put eight times the link's
+bandwidth-delay product on it.
+
+At most ``MAX_JOBS`` jobs are kept; announcing one more forgets the one announced longest ago
+(stopping its replay).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+
+import trio
+
+from spokefs.jobs.replay import Progress, Replayer
+from spokefs.jobs.trace_file import Entry
+
+log = logging.getLogger(__name__)
+
+MAX_JOBS = 64
+
+
+class Orders:
+    """One replayer per announcing job, made by ``make_replayer`` (sharing the in-flight bound)."""
+
+    def __init__(self, make_replayer: Callable[[], Replayer]) -> None:
+        self._make = make_replayer
+        self._jobs: OrderedDict[str, tuple[Replayer, trio.CancelScope]] = OrderedDict()
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def start(self, job: str, entries: list[Entry], name: str) -> int:
+        """Fetch ``entries`` in their order for ``job`` (replacing its earlier order); the
+        order's id (its replayer's)."""
+        if self._nursery is None:
+            raise RuntimeError("Orders.run is not running")
+        kept = self._jobs.pop(job, None)
+        if kept is None:
+            replayer, scope = self._make(), trio.CancelScope()
+            self._nursery.start_soon(self._serve, replayer, scope)
+            while len(self._jobs) >= MAX_JOBS:
+                old, (_, old_scope) = self._jobs.popitem(last=False)
+                old_scope.cancel()
+                log.info("order of job %s forgotten (more than %d jobs)", old, MAX_JOBS)
+            kept = (replayer, scope)
+        self._jobs[job] = kept
+        return kept[0].start(entries, name)
+
+    def progress(self) -> list[dict[str, object]]:
+        """Each job's current (or last) order, oldest announcement first."""
+        return [{"job": job, **replayer.progress().as_dict()}
+                for job, (replayer, _) in self._jobs.items()]
+
+    def progress_of(self, job: str) -> Progress | None:
+        kept = self._jobs.get(job)
+        return kept[0].progress() if kept is not None else None
+
+    @staticmethod
+    async def _serve(replayer: Replayer, scope: trio.CancelScope) -> None:
+        with scope:
+            await replayer.run()

@@ -1,0 +1,91 @@
+"""Jobs' orders (``jobs.orders``): one replay per announcing job, a job's new order replacing
+its last one while other jobs' orders go on, all within one shared in-flight bound."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import trio
+from spoke_fakes import poll_until
+
+from spokefs.jobs import orders as orders_module
+from spokefs.jobs.orders import Orders
+from spokefs.jobs.replay import InFlight, Replayer
+from spokefs.jobs.trace_file import Entry
+from tests.spokefs.test_replay import _setup
+
+
+def _orders(tmp_path, files):
+    hub, cache, first, fvs = _setup(tmp_path, files)
+    make = functools.partial(Replayer, first._source, None, first._resolve, first._packs,
+                             small_file_bytes=1 << 20, request_bytes=3 << 20,
+                             max_inflight_bytes=64 << 20, budget_bytes=lambda: 1 << 40,
+                             flight=first.flight)
+    return hub, cache, Orders(make), first.flight
+
+
+def _done(orders: Orders, job: str) -> bool:
+    p = orders.progress_of(job)
+    return p is not None and p.state not in ("resolving", "running")
+
+
+async def test_each_job_has_its_order_and_a_new_one_replaces_its_last(tmp_path):
+    files = {f"d{i % 3}/{i}.jpg": os.urandom(20_000 + i) for i in range(12)}
+    hub, cache, orders, flight = _orders(tmp_path, files)
+    paths = list(files)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        await nursery.start(orders.run)
+        orders.start("rank0", [Entry(p, 0, 0, None) for p in paths[:6]], "e0")
+        orders.start("rank1", [Entry(p, 0, 0, None) for p in paths[6:]], "e0")
+        await poll_until(lambda: _done(orders, "rank0") and _done(orders, "rank1"), 0.01)
+        jobs = {p["job"]: p for p in orders.progress()}
+        assert set(jobs) == {"rank0", "rank1"}
+        assert all(p["state"] == "done" and p["entries"] == 6 for p in jobs.values())
+        # rank0's next epoch: the same replayer, a new order; rank1's stays as it was
+        second = orders.start("rank0", [Entry(p, 0, 0, None) for p in reversed(paths)], "e1")
+        await poll_until(lambda: _done(orders, "rank0"), 0.01)
+        assert orders.progress_of("rank0").id == second == 2
+        assert orders.progress_of("rank0").fetched_bytes == 0  # cached by the first orders
+        assert [p["job"] for p in orders.progress()] == ["rank1", "rank0"]
+        assert flight.bytes == 0
+        nursery.cancel_scope.cancel()
+    cache.close()
+
+
+async def test_jobs_beyond_the_limit_forget_the_oldest(tmp_path, monkeypatch):
+    monkeypatch.setattr(orders_module, "MAX_JOBS", 2)
+    files = {"d/a.jpg": b"a" * 5000}
+    hub, cache, orders, _ = _orders(tmp_path, files)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        await nursery.start(orders.run)
+        for job in ("a", "b", "c"):
+            orders.start(job, [Entry("d/a.jpg", 0, 0, None)], job)
+        assert [p["job"] for p in orders.progress()] == ["b", "c"]
+        nursery.cancel_scope.cancel()
+    cache.close()
+
+
+async def test_the_in_flight_bound_is_shared():
+    class Reach:
+        def bdp_bytes(self) -> int:
+            return 5 << 20  # a bound of 10 MiB
+
+    flight = InFlight(Reach(), 64 << 20)  # type: ignore[arg-type]
+    await flight.reserve(6 << 20)
+    await flight.reserve(4 << 20)
+    with trio.move_on_after(0.3) as waited:
+        await flight.reserve(1 << 20)  # 11 MiB would be over the bound
+    assert waited.cancelled_caught and flight.bytes == 10 << 20
+
+    async def late() -> None:
+        await flight.reserve(3 << 20)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(late)
+        await trio.sleep(0.05)
+        assert flight.bytes == 10 << 20
+        flight.release(6 << 20)  # room again: the waiter goes at once
+    assert flight.bytes == 7 << 20
