@@ -53,6 +53,7 @@ def make_app(cfg: HubConfig, export: Export, metrics: HubMetrics) -> web.Applica
     add(protocol.CHANGES_PATH, routes.changes, allow_head=False)
     add(protocol.BLOB_PATH, routes.blob, allow_head=False)
     add(protocol.PACK_PATH, routes.pack, allow_head=False)
+    add(protocol.PICK_PATH, routes.pick, allow_head=False)
     app.router.add_route("*", protocol.OLD_PATHS, routes.old_protocol)
     add(protocol.HEALTH_PATH, routes.healthz)  # HEAD too, for load balancers
     add(protocol.METRICS_PATH, metrics_handler, allow_head=False)

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import os
 import re
+import stat
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from typing import TypeVar
 import xxhash
 
 from hubd.errors import (
+    BadPack,
     BadRange,
     MultipleRanges,
     RangeNotSatisfiable,
@@ -100,6 +102,30 @@ class Pack:
             served += 1
             file_bytes += len(data)
         return cls(b"".join(parts), served, gone, file_bytes)
+
+
+def pick_members(snap: Snapshot, items: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """The ``(file_id, version, size)`` of a pick's members in ``snap``; size -1: not a
+    regular file at that version here (its record is ``PACK_GONE``).
+
+    Raises:
+        BadPack: a member too large for a pack, or more than a pack's bytes in all (what a
+            spoke planned with ``protocol.plan_picks`` never is).
+    """
+    members: list[tuple[int, int, int]] = []
+    total = 0
+    for file_id, version in items:
+        entry = snap.lookup(file_id)
+        if entry is None or not stat.S_ISREG(entry.mode) or entry.version != version:
+            members.append((file_id, version, -1))
+            continue
+        if not protocol.packable(entry.size) and entry.size:
+            raise BadPack(f"file {file_id:016x} is too large for a pick ({entry.size} bytes)")
+        total += entry.size
+        members.append((file_id, version, entry.size))
+    if total > protocol.PACK_MAX_BYTES:
+        raise BadPack(f"a pick of {total} bytes (at most {protocol.PACK_MAX_BYTES})")
+    return members
 
 
 def parse_range(values: list[str]) -> RangeSpec | None:
@@ -220,6 +246,23 @@ class RangeReader:
             os.close(fd)
             raise
         return FramedBlob(fd, file_id, version, size, rng)
+
+    async def read_pick(self, items: list[tuple[int, int]]) -> Pack:
+        """The files a pick names, read whole (call inside ``slot()``); a member not in the
+        current snapshot at that version, or gone or changed on disk, is ``PACK_GONE``.
+
+        Raises:
+            BadPack (``pick_members``), Forbidden, ReadFailed.
+        """
+        snap = self._export.snapshot
+        assert snap is not None  # the app only serves after the first scan
+        members = pick_members(snap, items)
+        return await self._in_thread(self._read_pick_sync, snap, members)
+
+    def _read_pick_sync(self, snap: Snapshot, members: list[tuple[int, int, int]]) -> Pack:
+        return Pack.of((file_id, version, None if size < 0 else
+                        self._whole_or_none(snap, file_id, version))
+                       for file_id, version, size in members)
 
     def _read_pack_sync(self, snap: Snapshot, plan: protocol.PackPlan) -> Pack:
         return Pack.of((file_id, version, self._whole_or_none(snap, file_id, version))

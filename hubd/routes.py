@@ -23,7 +23,7 @@ from hubd.changes import ChangeFeed
 from hubd.config import HubConfig
 from hubd.errors import BadGeneration, BadId, BadPack, HubError, ProtocolVersion
 from hubd.metrics import METRICS
-from hubd.range_reader import parse_range
+from hubd.range_reader import Pack, parse_range
 from hubd.source import Export, Reader
 from spokefs import protocol
 
@@ -144,17 +144,38 @@ async def pack(request: web.Request) -> web.StreamResponse:
     reader = request.app[READER]
     async with reader.slot():  # one slot: a pack reads at most PACK_MAX_BYTES of files
         answer = await reader.read_pack(dir_id, index, digest)
-        metrics = request.app[METRICS]
-        metrics.pack_files.labels(result="served").inc(answer.served)
-        metrics.pack_files.labels(result="gone").inc(answer.gone)
-        metrics.pack_file_bytes.inc(answer.file_bytes)
-        resp = web.StreamResponse(headers={
-            hdrs.CONTENT_TYPE: BLOB_MEDIA_TYPE,
-            hdrs.ETAG: protocol.pack_etag(digest),
-            hdrs.CACHE_CONTROL: IMMUTABLE,
-        })
-        resp.content_length = len(answer.body)
-        await _send(request, resp, _once(answer.body), len(answer.body))
+        return await _send_pack(request, answer, protocol.pack_etag(digest))
+
+
+async def pick(request: web.Request) -> web.StreamResponse:
+    """GET /v2/pick/{members}: the files a pick names (``ID-VERSION`` joined by ``.``, in the
+    order of a job's list), one pack record each, in that order (immutable: the URL names
+    every member)."""
+    try:
+        items = protocol.parse_pick(request.match_info["members"])
+    except protocol.WireError as exc:
+        raise BadPack(str(exc)) from None
+    reader = request.app[READER]
+    async with reader.slot():  # one slot: a pick reads at most PACK_MAX_BYTES of files
+        answer = await reader.read_pick(items)
+        digest = protocol.pack_digest((fid, ver, 0) for fid, ver in items)
+        return await _send_pack(request, answer, protocol.pack_etag(digest))
+
+
+async def _send_pack(request: web.Request, answer: Pack, etag: str) -> web.StreamResponse:
+    """A pack or pick answer, counted (call inside the read slot: its body counts against
+    the memory bound until the transport has taken it)."""
+    metrics = request.app[METRICS]
+    metrics.pack_files.labels(result="served").inc(answer.served)
+    metrics.pack_files.labels(result="gone").inc(answer.gone)
+    metrics.pack_file_bytes.inc(answer.file_bytes)
+    resp = web.StreamResponse(headers={
+        hdrs.CONTENT_TYPE: BLOB_MEDIA_TYPE,
+        hdrs.ETAG: etag,
+        hdrs.CACHE_CONTROL: IMMUTABLE,
+    })
+    resp.content_length = len(answer.body)
+    await _send(request, resp, _once(answer.body), len(answer.body))
     return resp
 
 

@@ -11,7 +11,8 @@ Two backends implement these protocols: a directory (``export_root.ExportRoot`` 
   assignment.
 - ``Reader``: the bytes. ``open_framed`` one range of the framed representation of one
   (file id, version), then ``read_piece`` it a slice at a time; ``read_pack`` one
-  deterministic pack of a directory; each request inside one of ``slot()``'s bounded
+  deterministic pack of a directory; ``read_pick`` the files a pick names (an ordered list's
+  pack); each request inside one of ``slot()``'s bounded
   read slots. A version that
   is no longer current is ``StaleVersion`` (412) on both backends: a changed file on disk
   (fstat before/after), a replaced object in the bucket (``If-Match``).
@@ -73,6 +74,8 @@ class Reader(Protocol):
     async def read_piece(self, blob: Any, index: int) -> bytes: ...
 
     async def read_pack(self, dir_id: int, index: int, digest: str) -> Pack: ...
+
+    async def read_pick(self, items: list[tuple[int, int]]) -> Pack: ...
 
     def close(self) -> None: ...
 

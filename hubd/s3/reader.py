@@ -36,7 +36,7 @@ from typing import Any
 
 from hubd.errors import StaleVersion, UnknownFile
 from hubd.framed import FramedRange, PackPlans
-from hubd.range_reader import Pack, RangeSpec, resolve_range
+from hubd.range_reader import Pack, RangeSpec, pick_members, resolve_range
 from hubd.read_slots import ReadSlots
 from hubd.s3.bucket import BucketExport
 from hubd.s3.errors import first_error
@@ -189,6 +189,17 @@ class BucketReader:
         """Piece ``index`` of an open framed answer."""
         return await blob.piece(index)
 
+    async def read_pick(self, items: list[tuple[int, int]]) -> Pack:
+        """The objects a pick names, whole; a member not in the current snapshot at that
+        version, or replaced since the listing, is ``PACK_GONE``.
+
+        Raises:
+            BadPack (``range_reader.pick_members``), Forbidden and ReadFailed as
+            ``BucketExport.read``.
+        """
+        snap = self._current()
+        return await self._read_members(snap, pick_members(snap, items))
+
     async def read_pack(self, dir_id: int, index: int, digest: str) -> Pack:
         """Pack ``index`` of directory ``dir_id`` of the current snapshot, members whole.
 
@@ -199,9 +210,16 @@ class BucketReader:
         snap = self._current()
         # the first lookup per snapshot lists every directory: off the loop
         plan = await asyncio.to_thread(self._plans.find, snap, dir_id, index, digest)
+        return await self._read_members(snap, list(plan.members))
+
+    async def _read_members(self, snap: Snapshot, members: list[tuple[int, int, int]]) -> Pack:
+        """The pack of ``(file_id, version, size)`` members (size -1: gone), read
+        ``_PACK_PARALLEL`` at a time."""
         gate = asyncio.Semaphore(_PACK_PARALLEL)
 
         async def whole(file_id: int, version: int, size: int) -> bytes | None:
+            if size < 0:
+                return None
             async with gate:
                 try:
                     return await self._export.read(snap, file_id, version, 0, size)
@@ -210,8 +228,8 @@ class BucketReader:
 
         try:
             async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(whole(*m)) for m in plan.members]
+                tasks = [group.create_task(whole(*m)) for m in members]
         except ExceptionGroup as group_error:  # Forbidden, ReadFailed: one answer for all
             raise first_error(group_error) from None
         return Pack.of((file_id, version, task.result())
-                       for (file_id, version, _), task in zip(plan.members, tasks, strict=True))
+                       for (file_id, version, _), task in zip(members, tasks, strict=True))

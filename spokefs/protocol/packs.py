@@ -1,6 +1,7 @@
 """Deterministic packs: the small files of a directory in packs that every hub plans alike
-and names by a digest of their members, so one pack has one URL for a regional cache; the
-pack answer's records, and their decoder (docs/protocol.md, "Pack answer")."""
+and names by a digest of their members, so one pack has one URL for a regional cache; picks,
+the packs of an ordered list (a job's epoch order, a trace), named by their members; the
+pack answer's records, and their decoder (docs/protocol.md, "Pack answer", "Picks")."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from spokefs.protocol.base import WireError, format_id
-from spokefs.protocol.routes import PACK_PATH
+from spokefs.protocol.base import WireError, format_id, parse_id
+from spokefs.protocol.routes import PACK_PATH, PICK_PATH
 
 MAX_PACK_FILES = 4096
 # File bytes per pack: as spokefs's PrefetchConfig.request_bytes, a little under 4 MiB so a
@@ -19,6 +20,7 @@ MAX_PACK_FILES = 4096
 # it as it streams in, not at the pack's end.
 PACK_MAX_BYTES = 4 * 1024 * 1024 - 256 * 1024
 PACK_FILE_MAX_BYTES = 1024 * 1024  # larger files are read as blobs
+PICK_MAX_FILES = 64  # members a pick names (34 URL characters each: the URL stays near 2 KiB)
 PACK_GONE = -1
 PACK_ITEM = struct.Struct("<QQ")
 PACK_RECORD = struct.Struct("<QQqQ")
@@ -27,12 +29,13 @@ _PACK_DIGEST_BYTES = 8
 
 @dataclass(frozen=True, slots=True)
 class PackPlan:
-    """One pack of a directory.
+    """One pack of a directory, or a pick (``dir_id`` 0: the members are named in the URL).
 
     Attributes:
-        dir_id: the directory.
-        index: the pack's place among the directory's packs.
-        members: ``(file_id, version, size)`` of each file, in name order.
+        dir_id: the directory (0 for a pick).
+        index: the pack's place among the directory's packs (among the list's, for a pick).
+        members: ``(file_id, version, size)`` of each file, in name order (in the list's
+            order, for a pick).
         digest: ``pack_digest`` of the members.
     """
 
@@ -43,6 +46,9 @@ class PackPlan:
 
     @property
     def path(self) -> str:
+        if not self.dir_id:
+            return PICK_PATH.format(members=".".join(
+                f"{format_id(fid)}-{format_id(ver)}" for fid, ver, _ in self.members))
         return PACK_PATH.format(dir_id=format_id(self.dir_id), index=self.index,
                                 digest=self.digest)
 
@@ -90,6 +96,48 @@ def plan_packs(dir_id: int, files: Iterable[tuple[bytes, int, int, int]]) -> lis
     if current:
         packs.append(current)
     return [PackPlan(dir_id, i, tuple(m), pack_digest(m)) for i, m in enumerate(packs)]
+
+
+def plan_picks(files: Iterable[tuple[int, int, int]]) -> list[PackPlan]:
+    """The picks of an ordered list, from ``(file_id, version, size)`` in the order a job
+    will read them: the packable files, each once, in that order, cut greedily at
+    ``PACK_MAX_BYTES`` and ``PICK_MAX_FILES``. Every node that plans the same list gets the
+    same URLs (a regional tier keeps each pick once), and a reader waiting for the next
+    file of the list finds it in the first pick in flight, not in a directory's pack that
+    holds it among thirty others."""
+    seen: set[int] = set()
+    picks: list[list[tuple[int, int, int]]] = []
+    current: list[tuple[int, int, int]] = []
+    nbytes = 0
+    for fid, ver, size in files:
+        if not packable(size) or fid in seen:
+            continue
+        seen.add(fid)
+        if current and (nbytes + size > PACK_MAX_BYTES or len(current) == PICK_MAX_FILES):
+            picks.append(current)
+            current, nbytes = [], 0
+        current.append((fid, ver, size))
+        nbytes += size
+    if current:
+        picks.append(current)
+    return [PackPlan(0, i, tuple(m), pack_digest(m)) for i, m in enumerate(picks)]
+
+
+def parse_pick(text: str) -> list[tuple[int, int]]:
+    """The ``(file_id, version)`` members a pick URL names: ``ID-VERSION`` joined by ``.``,
+    1 to ``PICK_MAX_FILES`` of them, each file once; raises WireError otherwise."""
+    parts = text.split(".")
+    if not text or len(parts) > PICK_MAX_FILES:
+        raise WireError(f"a pick names 1 to {PICK_MAX_FILES} files, not {len(parts)}")
+    members: list[tuple[int, int]] = []
+    for part in parts:
+        fid, dash, ver = part.partition("-")
+        if not dash:
+            raise WireError(f"bad pick member {part[:40]!r}: want ID-VERSION")
+        members.append((parse_id(fid), parse_id(ver)))
+    if len({fid for fid, _ in members}) != len(members):
+        raise WireError("a pick names a file twice")
+    return members
 
 
 def parse_pack_index(text: str) -> int:

@@ -8,6 +8,7 @@ from spokefs.protocol.base import API_VERSION, format_id
 SNAPSHOT_PATH = "/v2/snapshot"
 BLOB_PATH = "/v2/blob/{file_id}/{version}"
 PACK_PATH = "/v2/pack/{dir_id}/{index}/{digest}"
+PICK_PATH = "/v2/pick/{members}"  # ID-VERSION.ID-VERSION...: the files of an ordered list
 CHANGES_PATH = "/v2/changes"
 OLD_PATHS = "/v1/{tail:.*}"  # protocol v1's routes, all answered 400 ``protocol-version``
 HEALTH_PATH = "/healthz"

@@ -123,6 +123,14 @@ def test_prefix_export_snapshot_blobs_and_packs(seaweed: SeaweedServer, bucket: 
         if protocol.packable(entry.size):
             data = FILES["data/train/" + path.decode()]
             assert served[(entry.file_id, entry.version)] == (data, xxhash.xxh3_64_intdigest(data))
+    # a pick of files from two directories, in a job's order
+    order = [tree[b"sub/b.bin"], *(e for _, e in reversed(files))]
+    for plan in protocol.plan_picks((e.file_id, e.version, e.size) for e in order):
+        answer = hub.request(plan.path)
+        assert answer.status == 200, answer.body
+        picked = wire.decode_pack(answer.body, plan.items)
+        assert list(picked) == plan.items
+        assert all(v == served.get(k, v) for k, v in picked.items())
     # one warning per reason, and the metric
     err = hub.stderr()
     assert err.count("keys skipped (shadowed)") == 1
