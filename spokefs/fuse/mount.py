@@ -194,8 +194,8 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
             prefetcher = Prefetcher(source, lister, cfg.prefetch, cfg.cache_max_bytes)
         trace = TraceRecorder(cfg.cache_dir / "trace") if cfg.trace else None
         reader = Reader(source, prefetcher, cfg.hub_deadline_s, trace=trace)
-        replayer, orders, jobs = _job_control(cfg, ns, cache, source, lister, reader,
-                                              prefetcher, trace)
+        replayer, orders, jobs = _job_control(cfg, ns, cache, source, reader, prefetcher,
+                                              trace)
         ops = SpokeOps(ns, reader, Control(ns, reader, refresher, jobs), cfg)
         options = _fuse_options(cfg)
         try:
@@ -267,7 +267,7 @@ def _opened(store: Callable[..., T], path: Path, *args: object) -> T:
 
 
 def _job_control(
-    cfg: SpokeConfig, ns: Namespace, cache: BlockCache, source: BlockSource, lister: _DirLister,
+    cfg: SpokeConfig, ns: Namespace, cache: BlockCache, source: BlockSource,
     reader: Reader, prefetcher: Prefetcher | None, trace: TraceRecorder | None,
 ) -> tuple[Replayer, Orders | None, JobControl]:
     """The replayer, the jobs' orders (with prefetch on), pins and their control
@@ -279,7 +279,7 @@ def _job_control(
         return max(0, cache.max_bytes - cache.window_bytes - cache.statistics().pinned_bytes)
 
     make = functools.partial(
-        Replayer, source, reach, functools.partial(trace_file.resolve, ns), lister,
+        Replayer, source, reach, functools.partial(trace_file.resolve, ns),
         small_file_bytes=cfg.prefetch.small_file_bytes,
         request_bytes=cfg.prefetch.request_bytes,
         max_inflight_bytes=cfg.prefetch.max_inflight_bytes, budget_bytes=budget,

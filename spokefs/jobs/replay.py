@@ -4,16 +4,20 @@ the link's full speed (``spokefs mount --replay``, ``spokefs warm --trace``/``--
 - **Order.** Targets go in the trace's order, so the files a job reads first arrive first;
   epoch 1 of the next run then reads what has already arrived, as long as the replay stays
   ahead of it.
-- **Full speed.** Small files come in their directories' packs (``protocol.plan_packs``, one
-  URL per small file for a regional tier; a pack is started at the first of its files in
-  the trace, so a trace that read part of a directory also brings the rest of each pack it
-  touches, at most ``protocol.PACK_MAX_BYTES`` a pack), large ones in ranges of
-  ``request_bytes`` (runs of the trace's extents, cut); requests run in parallel until
-  about twice the link's bandwidth-delay product is in flight (``link_model.LinkReach``, as
-  directory fills do): a long link is full only when that much is on its way.
+- **Full speed, in order.** Small files come in picks (``protocol.plan_picks``): the ones not
+  cached yet, in the list's order, up to 64 files and ``protocol.PACK_MAX_BYTES`` a pick, so
+  the next files a job reads arrive first and nothing it does not read comes along (a
+  directory's pack brought thirty files of one directory for each one a shuffled epoch
+  needed next); nodes with the same cache state ask for the same URLs, which a regional
+  tier keeps. Large files come in ranges of ``request_bytes`` (runs of the trace's
+  extents, cut); requests run in parallel until about twice the link's bandwidth-delay
+  product is in flight (``InFlight``): a long link is full only when that much is on its
+  way.
 - **Demand first.** A reader's miss is fetched by the reader at once (``BlockSource.fill``
   ignores every background limit), and a replay never has more than its in-flight bound on
-  the link ahead of it; what a reader has fetched is skipped when the replay gets there.
+  the link ahead of it; what a reader has fetched (or is fetching) is skipped when the
+  replay gets there, and a pick's member that a reader fetched meanwhile is skipped on
+  arrival.
 - **Skips what is cached**, so a replay is resumable: run it again and it goes on where it
   stopped (cached chunks cost a header read, inline).
 - **Bounded by the cache.** The targets are cut where the working set would exceed the cache
@@ -36,7 +40,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import Protocol
 
 import trio
 
@@ -52,22 +55,6 @@ log = logging.getLogger(__name__)
 
 _MIN_INFLIGHT_BYTES = 8 << 20
 _INITIAL_INFLIGHT_BYTES = 64 << 20  # as directory fills: 1 Gbit/s x 0.5 s, until measured
-
-
-class PackFinder(Protocol):
-    """Where a small file's pack is (``fuse.mount``'s lister: each directory's packs, listed
-    once and kept)."""
-
-    async def pack_of(self, dir_id: int, fv: FileVersion) -> protocol.PackPlan | None: ...
-
-
-@dataclass(slots=True)
-class _PackJob:
-    """A pack this replay started: the bytes of the trace's files that come with it, and
-    whether it is over (files attached later count as done at once)."""
-
-    attached: int = 0
-    finished: bool = False
 
 
 @dataclass(slots=True)
@@ -139,13 +126,12 @@ class Replayer:
 
     def __init__(
         self, source: BlockSource, reach: LinkReach, resolve: Callable[[list[Entry]], Resolved],
-        packs: PackFinder, *, small_file_bytes: int, request_bytes: int, max_inflight_bytes: int,
+        *, small_file_bytes: int, request_bytes: int, max_inflight_bytes: int,
         budget_bytes: Callable[[], int], flight: InFlight | None = None,
     ) -> None:
         """``flight``: the in-flight bound shared with other replayers (else its own)."""
         self._source = source
         self._resolve = resolve
-        self._packs = packs
         self._small = small_file_bytes
         self._request_bytes = request_bytes
         self.flight = flight if flight is not None else InFlight(reach, max_inflight_bytes)
@@ -233,15 +219,32 @@ class Replayer:
 
     async def _issue(self, progress: Progress, targets: list[Target],
                      nursery: trio.Nursery) -> None:
-        """Walk the targets in order, starting requests while the in-flight bound allows."""
-        packs: dict[str, _PackJob] = {}  # the packs this replay started, by URL path
+        """Walk the targets in order, starting requests while the in-flight bound allows:
+        the small files not cached gathered into picks, a pick started when it is full or
+        when a large file comes next (the order is kept)."""
+        pick: list[tuple[int, int, int]] = []
+        in_pick: set[int] = set()
+        nbytes = 0
         for n, t in enumerate(targets):
             if n % 256 == 0:
                 await trio.lowlevel.checkpoint()  # a long run of cached files must not
                 # hold the event loop
-            if t.extents is None and protocol.packable(t.fv.size) and t.fv.size <= self._small:
-                await self._small_file(progress, t, packs, nursery)
+            fv = t.fv
+            if t.extents is None and protocol.packable(fv.size) and fv.size <= self._small:
+                if fv.file_id in in_pick or self._source.busy_or_cached(fv):
+                    self._done(progress, fv.size)
+                    continue
+                if pick and (nbytes + fv.size > protocol.PACK_MAX_BYTES
+                             or len(pick) == protocol.PICK_MAX_FILES):
+                    await self._launch_picks(nursery, progress, pick)
+                    pick, in_pick, nbytes = [], set(), 0
+                pick.append((fv.file_id, fv.version, fv.size))
+                in_pick.add(fv.file_id)
+                nbytes += fv.size
                 continue
+            if pick:
+                await self._launch_picks(nursery, progress, pick)
+                pick, in_pick, nbytes = [], set(), 0
             for start, end in _ranges(t, self._request_bytes):
                 present = self._source.present_chunks(
                     t.fv, start // _CHUNK, (end - 1) // _CHUNK)
@@ -250,27 +253,13 @@ class Replayer:
                     continue
                 await self._launch(nursery, end - start, self._range, progress, t.fv, start,
                                    end)
+        if pick:
+            await self._launch_picks(nursery, progress, pick)
 
-    async def _small_file(self, progress: Progress, t: Target, packs: dict[str, _PackJob],
-                          nursery: trio.Nursery) -> None:
-        """A small file comes through its directory's pack (protocol v2: one URL per small
-        file, so a regional tier caches it once); a pack is started once per replay."""
-        if self._source.busy_or_cached(t.fv):
-            self._done(progress, t.fv.size)
-            return
-        plan = await self._packs.pack_of(t.dir_id, t.fv)
-        if plan is None:  # the namespace moved on: the file alone
-            await self._launch(nursery, t.fv.size, self._range, progress, t.fv, 0, t.fv.size)
-            return
-        job = packs.get(plan.path)
-        if job is None:
-            job = packs[plan.path] = _PackJob()
-            job.attached += t.fv.size
-            await self._launch(nursery, plan.file_bytes, self._pack, progress, plan, job)
-        elif job.finished:
-            self._done(progress, t.fv.size)  # it came (or failed) with its pack already
-        else:
-            job.attached += t.fv.size
+    async def _launch_picks(self, nursery: trio.Nursery, progress: Progress,
+                            files: list[tuple[int, int, int]]) -> None:
+        for plan in protocol.plan_picks(files):  # one: ``_issue`` cuts at the same limits
+            await self._launch(nursery, plan.file_bytes, self._pick, progress, plan)
 
     async def _launch(self, nursery: trio.Nursery, nbytes: int,
                       fn: Callable[..., Awaitable[None]], *args: object) -> None:
@@ -283,17 +272,16 @@ class Replayer:
             raise
         nursery.start_soon(fn, *args)
 
-    async def _pack(self, progress: Progress, plan: protocol.PackPlan, job: _PackJob) -> None:
+    async def _pick(self, progress: Progress, plan: protocol.PackPlan) -> None:
         try:
             fetched = await self._source.fetch_pack(plan, replay=True)
             got = sum(f.size for f in fetched)
             progress.fetched_bytes += got
         except SpokeError as exc:  # a rerun fetches it
-            progress.failed_bytes += job.attached
-            log.debug("replay pack failed: %s", exc)
+            progress.failed_bytes += plan.file_bytes
+            log.debug("replay pick failed: %s", exc)
         finally:
-            job.finished = True
-            self._done(progress, job.attached)
+            self._done(progress, plan.file_bytes)
             self.flight.release(plan.file_bytes)
 
     async def _range(self, progress: Progress, fv: FileVersion, start: int, end: int) -> None:

@@ -17,8 +17,8 @@ from tests.spokefs.test_replay import _setup
 
 
 def _orders(tmp_path, files):
-    hub, cache, first, fvs = _setup(tmp_path, files)
-    make = functools.partial(Replayer, first._source, None, first._resolve, first._packs,
+    hub, cache, first, _fvs = _setup(tmp_path, files)
+    make = functools.partial(Replayer, first._source, None, first._resolve,
                              small_file_bytes=1 << 20, request_bytes=3 << 20,
                              max_inflight_bytes=64 << 20, budget_bytes=lambda: 1 << 40,
                              flight=first.flight)
@@ -32,7 +32,7 @@ def _done(orders: Orders, job: str) -> bool:
 
 async def test_each_job_has_its_order_and_a_new_one_replaces_its_last(tmp_path):
     files = {f"d{i % 3}/{i}.jpg": os.urandom(20_000 + i) for i in range(12)}
-    hub, cache, orders, flight = _orders(tmp_path, files)
+    _hub, cache, orders, flight = _orders(tmp_path, files)
     paths = list(files)
     async with trio.open_nursery() as nursery:
         await nursery.start(cache.run)
@@ -57,7 +57,7 @@ async def test_each_job_has_its_order_and_a_new_one_replaces_its_last(tmp_path):
 async def test_jobs_beyond_the_limit_forget_the_oldest(tmp_path, monkeypatch):
     monkeypatch.setattr(orders_module, "MAX_JOBS", 2)
     files = {"d/a.jpg": b"a" * 5000}
-    hub, cache, orders, _ = _orders(tmp_path, files)
+    _hub, cache, orders, _ = _orders(tmp_path, files)
     async with trio.open_nursery() as nursery:
         await nursery.start(cache.run)
         await nursery.start(orders.run)

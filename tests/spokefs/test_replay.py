@@ -1,5 +1,5 @@
 """The replayer against a real block cache and a fake hub: the trace's working set in
-first-access order, small files in their directories' packs (each once) and large ones in
+first-access order, small files in picks (the uncached ones, in the trace's order) and large ones in
 ranges of their extents only,
 what is cached skipped (a rerun fetches nothing), the cache's bound respected, and the
 replayed blocks counted under their own origin."""
@@ -11,7 +11,6 @@ import os
 import trio
 from spoke_fakes import FakeHub, poll_until
 
-from spokefs import protocol
 from spokefs.cache.block_cache import ORIGIN_REPLAY, BlockCache
 from spokefs.config import CHUNK_SIZE
 from spokefs.hub.link_model import LinkReach
@@ -23,23 +22,6 @@ from spokefs.types import FileVersion
 from tests.helpers.block_cache import read_range
 
 REQUEST = 3 << 20
-
-
-class FakePacks:
-    """``mount._DirLister.pack_of`` over the test's files: each directory's packs planned as
-    the hub plans them (``protocol.plan_packs``)."""
-
-    def __init__(self, fvs: dict[str, FileVersion], dir_ids: dict[str, int]) -> None:
-        rows: dict[int, list[tuple[bytes, int, int, int]]] = {}
-        for path, fv in fvs.items():
-            parent, _, name = path.rpartition("/")
-            rows.setdefault(dir_ids[parent], []).append(
-                (name.encode(), fv.file_id, fv.version, fv.size))
-        self.plans = {d: protocol.plan_packs(d, r) for d, r in rows.items()}
-
-    async def pack_of(self, dir_id: int, fv: FileVersion) -> protocol.PackPlan | None:
-        return next((p for p in self.plans.get(dir_id, [])
-                     if (fv.file_id, fv.version, fv.size) in p.members), None)
 
 
 def _setup(tmp_path, files: dict[str, bytes], budget: int = 1 << 40):
@@ -55,7 +37,7 @@ def _setup(tmp_path, files: dict[str, bytes], budget: int = 1 << 40):
         return Resolved(targets, 0, sum(1 for e in entries if e.path not in fvs))
 
     replayer = Replayer(source, LinkReach(lambda: 0, lambda: None, 1e8), resolve,
-                        FakePacks(fvs, dir_ids), small_file_bytes=1 << 20,
+                        small_file_bytes=1 << 20,
                         request_bytes=REQUEST, max_inflight_bytes=64 << 20,
                         budget_bytes=lambda: budget)
     return hub, cache, replayer, fvs
@@ -89,13 +71,13 @@ async def test_first_access_order_packs_and_extents(tmp_path):
     traced_small = sum(len(files[x]) for x in order if x.endswith(".jpg") and x in files)
     assert p.state == "done" and p.missing == 1
     assert p.total_bytes == p.done_bytes == traced_small + 2 * EXTENT_BYTES
-    # the small files come in their directories' packs, each pack once (so d/2, d/3 and d/5
-    # come along with d/4, d/1 and d/0); the large file's extents 2 and 0 only, in requests
-    # of at most REQUEST
-    assert sorted(hub.packs) == sorted([
-        [(fvs[f"d/{i}.jpg"].file_id, 1) for i in range(6)], [(fvs["e/0.jpg"].file_id, 1)]])
-    pack_bytes = sum(len(files[f"d/{i}.jpg"]) for i in range(6)) + len(files["e/0.jpg"])
-    assert p.fetched_bytes == pack_bytes + 2 * EXTENT_BYTES
+    # the small files come in picks, in the trace's order, cut where a large file comes
+    # (nothing the trace does not name comes along: not d/2, d/3, d/5); the large file's
+    # extents 2 and 0 only, in requests of at most REQUEST
+    ids = {p: fvs[p].file_id for p in files}
+    assert hub.packs == [[(ids["d/4.jpg"], 1), (ids["d/1.jpg"], 1)],
+                         [(ids["e/0.jpg"], 1), (ids["d/0.jpg"], 1)]]
+    assert p.fetched_bytes == traced_small + 2 * EXTENT_BYTES
     big = fvs["big.tar"].file_id
     ranges = [(s, n) for f, _, s, n in hub.calls if f == big]
     assert sum(n for _, n in ranges) == 2 * EXTENT_BYTES
