@@ -63,6 +63,9 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _FLUSH_AT_EXIT_S = 10.0  # the writer stores at least ~100 MB/s: 256 MiB staged at most
+# An order's horizon: twice the replays' in-flight bound (4 x the link's bandwidth-delay
+# product) plus this, past the furthest file of it the job has read (``jobs.orders``).
+_ORDER_HORIZON_EXTRA = 32 << 20
 
 
 def check_mountpoint(cfg: SpokeConfig) -> None:
@@ -104,6 +107,7 @@ class _DirLister:
 
     def __init__(self, ns: Namespace) -> None:
         self._ns = ns
+        self._ordered: Callable[[], bool] = lambda: False
         self._subdirs: OrderedDict[int, tuple[int, list[int]]] = OrderedDict()
         self._packs: OrderedDict[int, tuple[int, list[protocol.PackPlan],
                                             dict[int, protocol.PackPlan]]] = OrderedDict()
@@ -111,7 +115,15 @@ class _DirLister:
     async def packs(self, dir_id: int) -> list[protocol.PackPlan]:
         return (await self._packs_of(dir_id))[0]
 
+    def defer_to(self, ordered: Callable[[], bool]) -> None:
+        """While ``ordered()`` holds (a job's announced order is being fetched), a reader's
+        miss fetches its file alone, not its directory's pack: the order brings the rest
+        in the order the job reads it."""
+        self._ordered = ordered
+
     async def pack_of(self, dir_id: int, fv: FileVersion) -> protocol.PackPlan | None:
+        if self._ordered():
+            return None
         plan = (await self._packs_of(dir_id))[1].get(fv.file_id)
         if plan is None or (fv.file_id, fv.version, fv.size) not in plan.members:
             return None  # listed elsewhere, or the namespace moved on since the open
@@ -196,6 +208,9 @@ async def run_mount(cfg: SpokeConfig, on_ready: Callable[[NamespaceInfo], None])
         reader = Reader(source, prefetcher, cfg.hub_deadline_s, trace=trace)
         replayer, orders, jobs = _job_control(cfg, ns, cache, source, reader, prefetcher,
                                               trace)
+        if orders is not None and prefetcher is not None:  # the mount's guesses stand aside
+            prefetcher.defer_to(orders)
+            lister.defer_to(orders.running)
         ops = SpokeOps(ns, reader, Control(ns, reader, refresher, jobs), cfg)
         options = _fuse_options(cfg)
         try:
@@ -285,8 +300,9 @@ def _job_control(
         max_inflight_bytes=cfg.prefetch.max_inflight_bytes, budget_bytes=budget,
     )
     replayer = make()
-    orders = Orders(functools.partial(make, flight=replayer.flight)) \
-        if cfg.prefetch.enabled else None
+    flight = replayer.flight
+    orders = Orders(functools.partial(make, flight=flight, horizon_bytes=lambda: (
+        2 * flight.target() + _ORDER_HORIZON_EXTRA))) if cfg.prefetch.enabled else None
     pins = Pins(cache, reader, int(cfg.cache_max_bytes * cfg.max_pinned_share))
     jobs = JobControl(ns, trace, replayer, pins, cfg.cache_dir / "trace" / "saved.trace",
                       cfg.hub_url, orders)

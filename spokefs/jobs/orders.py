@@ -13,6 +13,11 @@ bandwidth-delay product on it.
 
 At most ``MAX_JOBS`` jobs are kept; announcing one more forgets the one announced longest ago
 (stopping its replay).
+
+Each order goes at most a horizon ahead of the furthest file of it that has been read
+(``replay.Replayer``'s ``horizon_bytes``; the mount sets twice the replays' in-flight bound
+plus 32 MiB: 4 x the link's bandwidth-delay product + 32 MiB, 62 MB at 60 ms and 1 Gbit/s),
+so a job that stops leaves at most that much fetched and unread.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import Callable
 
 import trio
 
-from spokefs.jobs.replay import Progress, Replayer
+from spokefs.jobs.replay import Replayer
 from spokefs.jobs.trace_file import Entry
 
 log = logging.getLogger(__name__)
@@ -67,9 +72,17 @@ class Orders:
         return [{"job": job, **replayer.progress().as_dict()}
                 for job, (replayer, _) in self._jobs.items()]
 
-    def progress_of(self, job: str) -> Progress | None:
-        kept = self._jobs.get(job)
-        return kept[0].progress() if kept is not None else None
+    def on_read(self, file_id: int) -> None:
+        """A job read a file (any job: a read names no job): each order's horizon moves on
+        if it lists the file further on."""
+        for replayer, _ in self._jobs.values():
+            replayer.on_read(file_id)
+
+    def running(self) -> bool:
+        """Whether some job's order is being fetched: the mount's own guesses (directory
+        fills, a miss's whole directory pack) then stand aside, since the order says what
+        comes next and they would only share the link with it."""
+        return any(r.progress().state in ("resolving", "running") for r, _ in self._jobs.values())
 
     @staticmethod
     async def _serve(replayer: Replayer, scope: trio.CancelScope) -> None:

@@ -23,6 +23,10 @@ the link's full speed (``spokefs mount --replay``, ``spokefs warm --trace``/``--
 - **Bounded by the cache.** The targets are cut where the working set would exceed the cache
   less its fill window and the pinned bytes: fetching more would evict the replay's own
   first bytes before the job reads them. What is left out is reported.
+- **A horizon** (an order, ``horizon_bytes``): the replay starts no target that ends more
+  than the horizon past the furthest target the job has read (``on_read``), so a job that
+  stops leaves at most the horizon fetched and unread. A trace replay has none: it warms a
+  working set before the job runs.
 - Replayed chunks are stored with their own origin (``ORIGIN_REPLAY``), so hits on them
   count apart (``spokefs_block_hits_total{origin="replay"}``).
 
@@ -128,14 +132,19 @@ class Replayer:
         self, source: BlockSource, reach: LinkReach, resolve: Callable[[list[Entry]], Resolved],
         *, small_file_bytes: int, request_bytes: int, max_inflight_bytes: int,
         budget_bytes: Callable[[], int], flight: InFlight | None = None,
+        horizon_bytes: Callable[[], int] | None = None,
     ) -> None:
-        """``flight``: the in-flight bound shared with other replayers (else its own)."""
+        """``flight``: the in-flight bound shared with other replayers (else its own);
+        ``horizon_bytes``: how far ahead of the job's reads the replay may go (None: no
+        bound but the cache)."""
         self._source = source
         self._resolve = resolve
         self._small = small_file_bytes
         self._request_bytes = request_bytes
         self.flight = flight if flight is not None else InFlight(reach, max_inflight_bytes)
         self._budget = budget_bytes
+        self._horizon = horizon_bytes
+        self._ahead: _Ahead | None = None
         self._ids = itertools.count(1)
         self._progress = Progress()
         self._pending: tuple[Progress, list[Entry]] | None = None
@@ -162,6 +171,11 @@ class Replayer:
 
     def progress(self) -> Progress:
         return self._progress
+
+    def on_read(self, file_id: int) -> None:
+        """The job read a file: the horizon moves on if the replay lists it further on."""
+        if self._ahead is not None:
+            self._ahead.on_read(file_id)
 
     async def cached_bytes(self, files: list[FileVersion]) -> int:
         """How many bytes of these file versions are cached already (a replay's check)."""
@@ -199,6 +213,7 @@ class Replayer:
         targets, over = _within(resolved.targets, self._budget())
         progress.over_budget_bytes = over
         progress.total_bytes = sum(t.nbytes(EXTENT_BYTES) for t in targets)
+        self._ahead = _Ahead(targets) if self._horizon is not None else None
         progress.state = "running"
         metrics.REPLAY_TOTAL_BYTES.set(progress.total_bytes)
         metrics.REPLAY_DONE_BYTES.set(0)
@@ -229,6 +244,13 @@ class Replayer:
             if n % 256 == 0:
                 await trio.lowlevel.checkpoint()  # a long run of cached files must not
                 # hold the event loop
+            if self._ahead is not None and self._horizon is not None:
+                horizon = self._horizon()
+                if self._ahead.beyond(n, horizon):  # wait for the job: start what is held first
+                    if pick:
+                        await self._launch_picks(nursery, progress, pick)
+                        pick, in_pick, nbytes = [], set(), 0
+                    await self._ahead.wait(n, horizon)
             fv = t.fv
             if t.extents is None and protocol.packable(fv.size) and fv.size <= self._small:
                 if fv.file_id in in_pick or self._source.busy_or_cached(fv):
@@ -300,6 +322,36 @@ class Replayer:
         progress.done_bytes += nbytes
         if progress is self._progress:
             metrics.REPLAY_DONE_BYTES.set(progress.done_bytes)
+
+
+class _Ahead:
+    """Where the job is in a replay's targets: the furthest target it has read."""
+
+    def __init__(self, targets: list[Target]) -> None:
+        self._index: dict[int, int] = {}
+        for n, t in enumerate(targets):
+            self._index.setdefault(t.fv.file_id, n)
+        self._ends = list(itertools.accumulate(t.nbytes(EXTENT_BYTES) for t in targets))
+        self._read_to = 0  # the targets before this one are behind the job
+        self._moved = trio.Event()
+
+    def on_read(self, file_id: int) -> None:
+        n = self._index.get(file_id)
+        if n is not None and n >= self._read_to:
+            self._read_to = n + 1
+            self._moved.set()
+
+    def beyond(self, n: int, horizon: int) -> bool:
+        """Whether target ``n`` ends more than ``horizon`` bytes past the job's reads."""
+        behind = self._ends[self._read_to - 1] if self._read_to else 0
+        return self._ends[n] - behind > horizon
+
+    async def wait(self, n: int, horizon: int) -> None:
+        while self.beyond(n, horizon):
+            if self._moved.is_set():
+                self._moved = trio.Event()
+            with trio.move_on_after(0.25):
+                await self._moved.wait()
 
 
 _CHUNK = 64 << 10  # config.CHUNK_SIZE; ranges are cut on chunk boundaries

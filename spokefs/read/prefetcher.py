@@ -28,7 +28,8 @@ responses in flight, at most ``max_inflight_bytes``):
    itself; that is a demand fetch, not a prefetch.
 4. **Directories.** The first read miss in a directory (or a readdir of it while reads
    miss) starts a fill of its small files in pack requests (``dir_fill``), within a budget
-   of half the cache.
+   of half the cache; not while a job's announced order is fetched (``defer_to``): the
+   order says what comes next, and a fill would only share the link with it.
 
 Priority: demand reads never wait for a prefetch slot (they go to the hub directly, see
 ``block_source``). Stream jobs share one limiter whose size ``LinkModel`` finds by measuring the
@@ -47,6 +48,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import Protocol
 
 import trio
 
@@ -68,6 +70,14 @@ _PROBE_ABOVE_FLOOR = 16  # requests the model may probe up to above a small floo
 _MAX_WARM = 64  # connections kept open for stream requests
 _AHEAD_KEPT = 64  # successor streams not opened yet
 _QUEUED_LOOKUPS = 64
+
+
+class OrderWatch(Protocol):
+    """What the prefetcher tells the jobs' orders (``jobs.orders.Orders``), and asks them."""
+
+    def on_read(self, file_id: int) -> None: ...
+
+    def running(self) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +116,7 @@ class Prefetcher:
         self._ahead: OrderedDict[FileVersion, Stream] = OrderedDict()  # successors unopened
         self._lookups_tx, self._lookups_rx = trio.open_memory_channel[tuple[Stream, int]](
             _QUEUED_LOOKUPS)
+        self._orders: OrderWatch | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -125,12 +136,19 @@ class Prefetcher:
             return ahead  # the next shard of a run: read ahead already, window carried over
         return Stream(fv, parent_id)
 
+    def defer_to(self, orders: OrderWatch) -> None:
+        """Tell ``orders`` (``jobs.orders``) of every read, and while an order is being
+        fetched start no directory fill: the order says what comes next."""
+        self._orders = orders
+
     def on_readdir(self, dir_id: int) -> None:
-        self.dirs.on_readdir(dir_id)
+        if self._orders is None or not self._orders.running():
+            self.dirs.on_readdir(dir_id)
 
     def on_miss(self, stream: Stream) -> None:
         """A read of the stream missed the cache."""
-        self.dirs.on_miss(stream.fv, stream.parent_id)
+        if self._orders is None or not self._orders.running():
+            self.dirs.on_miss(stream.fv, stream.parent_id)
 
     def on_close(self, stream: Stream) -> None:
         # its successor stays: closing one shard and opening the next is how a run goes on
@@ -138,6 +156,8 @@ class Prefetcher:
         stream.epoch += 1
 
     def on_read(self, stream: Stream, offset: int, size: int) -> None:
+        if self._orders is not None:
+            self._orders.on_read(stream.fv.file_id)
         end = offset + size
         if abs(offset - stream.next_offset) <= _SEQ_SLACK:
             stream.sequential += 1

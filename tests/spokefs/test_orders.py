@@ -25,9 +25,13 @@ def _orders(tmp_path, files):
     return hub, cache, Orders(make), first.flight
 
 
+def _of(orders: Orders, job: str) -> dict | None:
+    return next((p for p in orders.progress() if p["job"] == job), None)
+
+
 def _done(orders: Orders, job: str) -> bool:
-    p = orders.progress_of(job)
-    return p is not None and p.state not in ("resolving", "running")
+    p = _of(orders, job)
+    return p is not None and p["state"] not in ("resolving", "running")
 
 
 async def test_each_job_has_its_order_and_a_new_one_replaces_its_last(tmp_path):
@@ -37,8 +41,10 @@ async def test_each_job_has_its_order_and_a_new_one_replaces_its_last(tmp_path):
     async with trio.open_nursery() as nursery:
         await nursery.start(cache.run)
         await nursery.start(orders.run)
+        assert not orders.running()
         orders.start("rank0", [Entry(p, 0, 0, None) for p in paths[:6]], "e0")
         orders.start("rank1", [Entry(p, 0, 0, None) for p in paths[6:]], "e0")
+        assert orders.running()
         await poll_until(lambda: _done(orders, "rank0") and _done(orders, "rank1"), 0.01)
         jobs = {p["job"]: p for p in orders.progress()}
         assert set(jobs) == {"rank0", "rank1"}
@@ -46,8 +52,9 @@ async def test_each_job_has_its_order_and_a_new_one_replaces_its_last(tmp_path):
         # rank0's next epoch: the same replayer, a new order; rank1's stays as it was
         second = orders.start("rank0", [Entry(p, 0, 0, None) for p in reversed(paths)], "e1")
         await poll_until(lambda: _done(orders, "rank0"), 0.01)
-        assert orders.progress_of("rank0").id == second == 2
-        assert orders.progress_of("rank0").fetched_bytes == 0  # cached by the first orders
+        assert _of(orders, "rank0")["id"] == second == 2
+        assert _of(orders, "rank0")["fetched_bytes"] == 0  # cached by the first orders
+        assert not orders.running()
         assert [p["job"] for p in orders.progress()] == ["rank1", "rank0"]
         assert flight.bytes == 0
         nursery.cancel_scope.cancel()
