@@ -280,8 +280,21 @@ class Replayer:
 
     async def _launch_picks(self, nursery: trio.Nursery, progress: Progress,
                             files: list[tuple[int, int, int]]) -> None:
-        for plan in protocol.plan_picks(files):  # one: ``_issue`` cuts at the same limits
-            await self._launch(nursery, plan.file_bytes, self._pick, progress, plan)
+        """Start the pick of ``files`` once it fits in flight, without the ones a reader
+        fetched meanwhile (they would cross the link twice: a pick's URL names them all)."""
+        nbytes = sum(size for _, _, size in files)
+        await self.flight.reserve(nbytes)
+        try:
+            await self._source.wait_room()
+        except BaseException:
+            self.flight.release(nbytes)
+            raise
+        still = [f for f in files if not self._source.busy_or_cached(FileVersion(*f))]
+        if gone := nbytes - sum(size for _, _, size in still):
+            self._done(progress, gone)
+            self.flight.release(gone)
+        for plan in protocol.plan_picks(still):  # one at most: ``_issue`` cut at its limits
+            nursery.start_soon(self._pick, progress, plan)
 
     async def _launch(self, nursery: trio.Nursery, nbytes: int,
                       fn: Callable[..., Awaitable[None]], *args: object) -> None:

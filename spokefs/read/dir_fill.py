@@ -67,6 +67,7 @@ import itertools
 import logging
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -148,6 +149,13 @@ class DirFiller:
         self._changed = trio.Event()
         self._armed: OrderedDict[int, None] = OrderedDict()  # listed, no read missed since
         self._last_miss = -_READING_S
+        self._paused: Callable[[], bool] = lambda: False
+
+    def pause_while(self, paused: Callable[[], bool]) -> None:
+        """Start no pack while ``paused()`` holds (a job's announced order is being fetched:
+        the fills queued before it came would only share the link with it, and fetch files
+        its picks fetch too); what is queued waits, and finds those files cached after."""
+        self._paused = paused
 
     # -- hints (synchronous) ----------------------------------------------------------
 
@@ -312,7 +320,7 @@ class DirFiller:
             if queue and self._unread_bytes + head > self._budget:
                 self._reclaim()
             room = min(target - self._inflight_bytes, self._budget - self._unread_bytes)
-            if not queue or room < min(protocol.PACK_MAX_BYTES, head):
+            if not queue or room < min(protocol.PACK_MAX_BYTES, head) or self._paused():
                 self._changed = trio.Event()
                 with trio.move_on_after(0.25):  # the target follows the link as it is measured
                     await self._changed.wait()

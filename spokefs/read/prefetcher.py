@@ -138,8 +138,10 @@ class Prefetcher:
 
     def defer_to(self, orders: OrderWatch) -> None:
         """Tell ``orders`` (``jobs.orders``) of every read, and while an order is being
-        fetched start no directory fill: the order says what comes next."""
+        fetched start no directory fill, nor a pack of one queued before: the order says
+        what comes next."""
         self._orders = orders
+        self.dirs.pause_while(orders.running)
 
     def on_readdir(self, dir_id: int) -> None:
         if self._orders is None or not self._orders.running():
