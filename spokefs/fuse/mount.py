@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _FLUSH_AT_EXIT_S = 10.0  # the writer stores at least ~100 MB/s: 256 MiB staged at most
-# An order's horizon: twice the replays' in-flight bound (4 x the link's bandwidth-delay
+# An order's horizon: twice the replays' in-flight bound (6 x the link's bandwidth-delay
 # product) plus this, past the furthest file of it the job has read (``jobs.orders``).
 _ORDER_HORIZON_EXTRA = 32 << 20
 

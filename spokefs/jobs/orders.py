@@ -3,7 +3,7 @@ fetched in that order ahead of its readers.
 
 An order is a list (``trace_file``; version 0: whatever version is current) that a job sends
 when its sampler has drawn an epoch's permutation. It is replayed like a trace
-(``replay.Replayer``: small files in packs, demand misses first, nothing fetched twice,
+(``replay.Replayer``: small files in picks, demand misses first, nothing fetched twice,
 within the cache), one replay per announcing job: the list's header names the job (``job``:
 ``spokefs.torch`` writes its host and process id), and a job's new order replaces its
 previous one, while the orders of other jobs on the node (one per rank of a multi-GPU job)
@@ -16,7 +16,7 @@ At most ``MAX_JOBS`` jobs are kept; announcing one more forgets the one announce
 
 Each order goes at most a horizon ahead of the furthest file of it that has been read
 (``replay.Replayer``'s ``horizon_bytes``; the mount sets twice the replays' in-flight bound
-plus 32 MiB: 4 x the link's bandwidth-delay product + 32 MiB, 62 MB at 60 ms and 1 Gbit/s),
+plus 32 MiB: 6 x the link's bandwidth-delay product + 32 MiB, 78 MB at 60 ms and 1 Gbit/s),
 so a job that stops leaves at most that much fetched and unread.
 """
 

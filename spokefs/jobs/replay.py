@@ -10,7 +10,7 @@ the link's full speed (``spokefs mount --replay``, ``spokefs warm --trace``/``--
   directory's pack brought thirty files of one directory for each one a shuffled epoch
   needed next); nodes with the same cache state ask for the same URLs, which a regional
   tier keeps. Large files come in ranges of ``request_bytes`` (runs of the trace's
-  extents, cut); requests run in parallel until about twice the link's bandwidth-delay
+  extents, cut); requests run in parallel until about three times the link's bandwidth-delay
   product is in flight (``InFlight``): a long link is full only when that much is on its
   way.
 - **Demand first.** A reader's miss is fetched by the reader at once (``BlockSource.fill``
@@ -95,9 +95,12 @@ class Progress:
 
 
 class InFlight:
-    """The bytes replays have on their way, and the bound they share: about twice the link's
-    bandwidth-delay product (as ``dir_fill``), so that several replays at once (the orders
-    of several jobs on one node) keep the link full without queueing more at its bottleneck."""
+    """The bytes replays have on their way, and the bound they share: about three times the
+    link's bandwidth-delay product, so that several replays at once (the orders of several
+    jobs on one node) keep the link full without queueing more at its bottleneck. Twice (as
+    ``dir_fill``) left an order at 0.83 of the link at 60 ms: a pick is a 3.75 MiB answer,
+    half the product, and four in flight left gaps between one's end and the next's first
+    byte; three times took it to 0.92 of the samples' bound (``benchmarks/README.md``)."""
 
     def __init__(self, reach: LinkReach, max_inflight_bytes: int) -> None:
         self._reach = reach
@@ -109,7 +112,7 @@ class InFlight:
         bdp = self._reach.bdp_bytes()
         if bdp is None:
             return _INITIAL_INFLIGHT_BYTES
-        return min(self._max, max(_MIN_INFLIGHT_BYTES, 2 * bdp))
+        return min(self._max, max(_MIN_INFLIGHT_BYTES, 3 * bdp))
 
     async def reserve(self, nbytes: int) -> None:
         """Wait until ``nbytes`` more fit (one request always does), and count them."""
