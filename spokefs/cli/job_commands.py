@@ -24,6 +24,7 @@ from spokefs.mounttab import find_mount
 _P = "user.spokefs."
 _STATUS = _P + "status"
 _POLL_S = 0.5
+_CLI_JOB = "spokefs warm"  # the job an ordered list from the command line is announced as
 _NAME_ROOM = 255 - len(_P + "trace.check:")  # XATTR_NAME_MAX
 
 
@@ -121,8 +122,10 @@ def warm_trace(path: Path, mount: Path) -> int:
     return _replay(path, mount_root(mount))
 
 
-def warm_list(source: str, nul: bool, mount: Path | None) -> int:
-    """``warm --files-from``: the listed files and trees as a trace, replayed."""
+def warm_list(source: str, nul: bool, mount: Path | None, *, ordered: bool = False) -> int:
+    """``warm --files-from``: the listed files and trees as a trace, replayed (in the list's
+    order); ``ordered``: announced as the order a job will read them in (fetched at most a
+    horizon ahead of its reads, ``jobs.orders``), without waiting."""
     raw = sys.stdin.buffer.read() if source == "-" else _read_list(Path(source))
     names = [n for n in raw.split(b"\0" if nul else b"\n") if n.strip(b"\n")]
     if not names:
@@ -131,9 +134,16 @@ def warm_list(source: str, nul: bool, mount: Path | None) -> int:
     root = mount_root(mount if mount is not None else paths[0])
     entries = list(_list_entries(root, paths))
     with tempfile.NamedTemporaryFile(prefix="spokefs-list-", suffix=".trace") as tmp:
-        tmp.write(trace_file.dumps(entries, source=source))
+        # one job for the command line: a new ordered list replaces the last one
+        tmp.write(trace_file.dumps(entries, source=source, job=_CLI_JOB))
         tmp.flush()
-        return _replay(Path(tmp.name), root)
+        if not ordered:
+            return _replay(Path(tmp.name), root)
+        with _short_copy(Path(tmp.name)) as short:
+            order_id = int(_call(root, f"order:{short}"))
+    print(f"spokefs: order {order_id} of {len(entries)} files sent to {root}; it is fetched "
+          "in that order ahead of the reads (progress: getfattr -n user.spokefs.order)")
+    return 0
 
 
 def _read_list(path: Path) -> bytes:

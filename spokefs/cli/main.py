@@ -208,6 +208,10 @@ def _parser() -> argparse.ArgumentParser:
                                                         "them from stdin")
     w.add_argument("-0", "--null", action="store_true",
                    help="--files-from is NUL-separated (find -print0)")
+    w.add_argument("--ordered", action="store_true",
+                   help="--files-from is the order a job will read the files in: fetch them "
+                        "in that order, at most a horizon ahead of the reads, and return at "
+                        "once (the job's order; a new one replaces the last)")
     w.add_argument("--mount", type=Path, help="the mount (default: the one the files are on)")
     t = sub.add_parser("trace", help="save, show or clear the access trace of a mount")
     tsub = t.add_subparsers(dest="trace_command", required=True)
@@ -420,10 +424,13 @@ def _warm(args: argparse.Namespace) -> int:
         raise UserError("warm takes PATHS, --trace FILE or --files-from FILE (one of them)")
     if args.null and args.files_from is None:
         raise UserError("-0 goes with --files-from")
+    if args.ordered and args.files_from is None:
+        raise UserError("--ordered goes with --files-from")
     if args.trace is not None:
         return job_commands.warm_trace(args.trace, args.mount or Path("."))
     if args.files_from is not None:
-        return job_commands.warm_list(args.files_from, args.null, args.mount)
+        return job_commands.warm_list(args.files_from, args.null, args.mount,
+                                      ordered=args.ordered)
     if args.jobs < 1:
         raise UserError("--jobs must be at least 1")
     return commands.warm(args.paths, args.jobs)

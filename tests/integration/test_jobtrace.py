@@ -293,7 +293,8 @@ def test_warm_files_from_lists(export, tmp_path, hub_factory, mount_factory):
     _spokefs_ok("warm", "--files-from", str(listing))
     assert _cached(mnt / "val/000.jpg") == (20 * KiB, 20 * KiB)
     assert _cached(mnt / "val/001.jpg") == (20 * KiB + 1, 20 * KiB + 1)
-    # small files come in their directory's packs (protocol v2): val/ came whole, nothing else
+    # small files come in picks of the list (protocol v2): the two listed, nothing else
+    assert _cached(mnt / "val/002.jpg")[0] == 0
     assert _cached(mnt / "train") == (0, 24 * 20 * KiB + 2 * sum(range(12)))
     nul = f"{mnt}/train/a\0{mnt}/shard.tar\0".encode()
     _spokefs_ok("warm", "--files-from", "-", "-0", input_bytes=nul)
@@ -306,6 +307,32 @@ def test_warm_files_from_lists(export, tmp_path, hub_factory, mount_factory):
     r = procs.run_spokefs("warm", "--files-from", str(outside), "--mount", str(mnt))
     assert r.returncode == 1 and r.stderr.startswith("spokefs: error: ") \
         and "is not on the mount" in r.stderr, r.stderr
+
+
+def test_warm_ordered_announces_the_list_as_the_jobs_order(export, tmp_path, hub_factory,
+                                                            mount_factory):
+    """``warm --files-from --ordered`` returns at once and the mount fetches the list in its
+    order (one job for the command line: the next list replaces it); a mount without
+    prefetch takes no orders, and says so."""
+    hub = hub_factory(root=export)
+    mnt = mount_factory(hub.url, "--no-trace").mnt
+    listing = tmp_path / "order.txt"
+    listing.write_text("".join(f"{mnt}/train/b/{i:03}.jpg\n" for i in (7, 1, 4)))
+    out = _spokefs_ok("warm", "--files-from", str(listing), "--ordered")
+    assert f"of 3 files sent to {mnt}" in out, out
+    _wait(lambda: json.loads(_attr(mnt, "order"))[0]["state"] == "done", 30, "the order")
+    (order,) = json.loads(_attr(mnt, "order"))
+    assert order["job"] == "spokefs warm" and order["entries"] == 3, order
+    assert [_cached(mnt / f"train/b/{i:03}.jpg")[0] > 0 for i in (7, 1, 4, 2)] == \
+        [True, True, True, False]
+    _spokefs_ok("warm", "--files-from", str(listing), "--ordered")
+    assert len(json.loads(_attr(mnt, "order"))) == 1  # the same job's new order
+    off = mount_factory(hub.url, "--no-prefetch", "--no-trace").mnt
+    listing.write_text(f"{off}/val/000.jpg\n")
+    r = procs.run_spokefs("warm", "--files-from", str(listing), "--ordered")
+    assert r.returncode == 1 and "refused order" in r.stderr, r.stderr
+    r = procs.run_spokefs("warm", str(off / "val"), "--ordered")
+    assert r.returncode == 1 and "--ordered goes with --files-from" in r.stderr, r.stderr
 
 
 def test_a_pinned_file_survives_a_scan_and_a_pin_beyond_the_bound_is_refused(
