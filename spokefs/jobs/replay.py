@@ -286,12 +286,7 @@ class Replayer:
         """Start the pick of ``files`` once it fits in flight, without the ones a reader
         fetched meanwhile (they would cross the link twice: a pick's URL names them all)."""
         nbytes = sum(size for _, _, size in files)
-        await self.flight.reserve(nbytes)
-        try:
-            await self._source.wait_room()
-        except BaseException:
-            self.flight.release(nbytes)
-            raise
+        await self._room_for(nbytes)
         still = [f for f in files if not self._source.busy_or_cached(FileVersion(*f))]
         if gone := nbytes - sum(size for _, _, size in still):
             self._done(progress, gone)
@@ -302,13 +297,17 @@ class Replayer:
     async def _launch(self, nursery: trio.Nursery, nbytes: int,
                       fn: Callable[..., Awaitable[None]], *args: object) -> None:
         """Start ``fn(*args)`` once ``nbytes`` more fit in flight (one request at least)."""
+        await self._room_for(nbytes)
+        nursery.start_soon(fn, *args)
+
+    async def _room_for(self, nbytes: int) -> None:
+        """Count ``nbytes`` in flight once they fit, and once the cache's writer keeps up."""
         await self.flight.reserve(nbytes)
         try:
             await self._source.wait_room()
         except BaseException:
             self.flight.release(nbytes)
             raise
-        nursery.start_soon(fn, *args)
 
     async def _pick(self, progress: Progress, plan: protocol.PackPlan) -> None:
         try:

@@ -455,6 +455,30 @@ static int name_is_bad(const unsigned char *name, size_t nlen)
     return (nlen == 1 && name[0] == '.') || (nlen == 2 && name[0] == '.' && name[1] == '.');
 }
 
+/* The checks every entry passes, in SnapshotDecoder's order: ``_check_attrs`` for the root
+ * (the target after the type and the id), the loop's for the others (the target first).
+ * Nonzero, with the message in ``msg``, for a bad one. */
+static int bad_attrs(char *msg, size_t room, int root, uint64_t fid, uint32_t mode,
+                     uint64_t size, const unsigned char *target, size_t tlen)
+{
+    uint32_t kind = mode & S_FMT;
+    int bad_target = tlen ? (kind != S_LNK || memchr(target, 0, tlen) != NULL) : kind == S_LNK;
+    if (!root && bad_target)
+        return snprintf(msg, room, "entry %llx: bad symlink target", (unsigned long long)fid) > 0;
+    if (kind != S_DIR && kind != S_REG && kind != S_LNK)
+        return snprintf(msg, room, "entry %llx: unsupported file type %o",
+                        (unsigned long long)fid, mode) > 0;
+    if (fid < MIN_FILE_ID)
+        return snprintf(msg, room, "entry id %llu below %d", (unsigned long long)fid,
+                        MIN_FILE_ID) > 0;
+    if (root && bad_target)
+        return snprintf(msg, room, "entry %llx: bad symlink target", (unsigned long long)fid) > 0;
+    if (size > MAX_SIZE)
+        return snprintf(msg, room, "entry %llx: absurd size %llu", (unsigned long long)fid,
+                        (unsigned long long)size) > 0;
+    return 0;
+}
+
 static PyObject *items_parse(Items *self, PyObject *args)
 {
     Py_buffer view;
@@ -480,26 +504,9 @@ static PyObject *items_parse(Items *self, PyObject *args)
             break;
         const unsigned char *name = buf + start, *target = buf + start + nlen;
         uint32_t kind = mode & S_FMT;
-        if (seen == 0) { /* the root, as SnapshotDecoder checks it (_check_attrs and more) */
-            if (kind != S_DIR && kind != S_REG && kind != S_LNK) {
-                snprintf(msg, sizeof msg, "entry %llx: unsupported file type %o",
-                         (unsigned long long)fid, mode);
-                goto fail;
-            }
-            if (fid < MIN_FILE_ID) {
-                snprintf(msg, sizeof msg, "entry id %llu below %d", (unsigned long long)fid,
-                         MIN_FILE_ID);
-                goto fail;
-            }
-            if ((tlen && kind != S_LNK) || (kind == S_LNK && (!tlen || memchr(target, 0, tlen)))) {
-                snprintf(msg, sizeof msg, "entry %llx: bad symlink target", (unsigned long long)fid);
-                goto fail;
-            }
-            if (size > MAX_SIZE) {
-                snprintf(msg, sizeof msg, "entry %llx: absurd size %llu", (unsigned long long)fid,
-                         (unsigned long long)size);
-                goto fail;
-            }
+        if (bad_attrs(msg, sizeof msg, seen == 0, fid, mode, size, target, tlen))
+            goto fail;
+        if (seen == 0) { /* the root, as SnapshotDecoder checks it */
             if (fid != root_id || parent != 0 || nlen || kind != S_DIR) {
                 snprintf(msg, sizeof msg, "the first entry must be the root directory");
                 goto fail;
@@ -508,25 +515,6 @@ static PyObject *items_parse(Items *self, PyObject *args)
                                                name, 0, target, 0) < 0)
                 goto error;
         } else {
-            if (tlen ? (kind != S_LNK || memchr(target, 0, tlen)) : kind == S_LNK) {
-                snprintf(msg, sizeof msg, "entry %llx: bad symlink target", (unsigned long long)fid);
-                goto fail;
-            }
-            if (kind != S_DIR && kind != S_REG && kind != S_LNK) {
-                snprintf(msg, sizeof msg, "entry %llx: unsupported file type %o",
-                         (unsigned long long)fid, mode);
-                goto fail;
-            }
-            if (fid < MIN_FILE_ID) {
-                snprintf(msg, sizeof msg, "entry id %llu below %d", (unsigned long long)fid,
-                         MIN_FILE_ID);
-                goto fail;
-            }
-            if (size > MAX_SIZE) {
-                snprintf(msg, sizeof msg, "entry %llx: absurd size %llu", (unsigned long long)fid,
-                         (unsigned long long)size);
-                goto fail;
-            }
             if (name_is_bad(name, nlen)) {
                 if (!nlen)
                     PyErr_SetString(self->error, "bad name length 0");

@@ -80,22 +80,30 @@ def plan_packs(dir_id: int, files: Iterable[tuple[bytes, int, int, int]]) -> lis
     (any order): the packable ones in name order, cut greedily at ``PACK_MAX_BYTES`` and
     ``MAX_PACK_FILES``. Hub and spokes call this on the same namespace and get the same
     packs, hence the same URLs."""
+    packs = _cut(((fid, ver, size) for _name, fid, ver, size in sorted(files)), MAX_PACK_FILES)
+    return [PackPlan(dir_id, i, tuple(m), pack_digest(m)) for i, m in enumerate(packs)]
+
+
+def _cut(files: Iterable[tuple[int, int, int]],
+         max_files: int) -> list[list[tuple[int, int, int]]]:
+    """The packable files of ``(file_id, version, size)``, each once, in the given order, cut
+    greedily at ``PACK_MAX_BYTES`` and ``max_files``."""
     seen: set[int] = set()
     packs: list[list[tuple[int, int, int]]] = []
     current: list[tuple[int, int, int]] = []
     nbytes = 0
-    for _name, fid, ver, size in sorted(files):
+    for fid, ver, size in files:
         if not packable(size) or fid in seen:
             continue
         seen.add(fid)
-        if current and (nbytes + size > PACK_MAX_BYTES or len(current) == MAX_PACK_FILES):
+        if current and (nbytes + size > PACK_MAX_BYTES or len(current) == max_files):
             packs.append(current)
             current, nbytes = [], 0
         current.append((fid, ver, size))
         nbytes += size
     if current:
         packs.append(current)
-    return [PackPlan(dir_id, i, tuple(m), pack_digest(m)) for i, m in enumerate(packs)]
+    return packs
 
 
 def plan_picks(files: Iterable[tuple[int, int, int]]) -> list[PackPlan]:
@@ -105,21 +113,7 @@ def plan_picks(files: Iterable[tuple[int, int, int]]) -> list[PackPlan]:
     same URLs (a regional tier keeps each pick once), and a reader waiting for the next
     file of the list finds it in the first pick in flight, not in a directory's pack that
     holds it among thirty others."""
-    seen: set[int] = set()
-    picks: list[list[tuple[int, int, int]]] = []
-    current: list[tuple[int, int, int]] = []
-    nbytes = 0
-    for fid, ver, size in files:
-        if not packable(size) or fid in seen:
-            continue
-        seen.add(fid)
-        if current and (nbytes + size > PACK_MAX_BYTES or len(current) == PICK_MAX_FILES):
-            picks.append(current)
-            current, nbytes = [], 0
-        current.append((fid, ver, size))
-        nbytes += size
-    if current:
-        picks.append(current)
+    picks = _cut(files, PICK_MAX_FILES)
     return [PackPlan(0, i, tuple(m), pack_digest(m)) for i, m in enumerate(picks)]
 
 

@@ -78,14 +78,14 @@ async def test_jobs_beyond_the_limit_forget_the_oldest(tmp_path, monkeypatch):
 async def test_the_in_flight_bound_is_shared():
     class Reach:
         def bdp_bytes(self) -> int:
-            return 5 << 20  # a bound of 10 MiB
+            return 5 << 20  # a bound of three times that: 15 MiB
 
     flight = InFlight(Reach(), 64 << 20)  # type: ignore[arg-type]
+    await flight.reserve(9 << 20)
     await flight.reserve(6 << 20)
-    await flight.reserve(4 << 20)
     with trio.move_on_after(0.3) as waited:
-        await flight.reserve(1 << 20)  # 11 MiB would be over the bound
-    assert waited.cancelled_caught and flight.bytes == 10 << 20
+        await flight.reserve(1 << 20)  # 16 MiB would be over the bound
+    assert waited.cancelled_caught and flight.bytes == 15 << 20
 
     async def late() -> None:
         await flight.reserve(3 << 20)
@@ -93,6 +93,6 @@ async def test_the_in_flight_bound_is_shared():
     async with trio.open_nursery() as nursery:
         nursery.start_soon(late)
         await trio.sleep(0.05)
-        assert flight.bytes == 10 << 20
-        flight.release(6 << 20)  # room again: the waiter goes at once
-    assert flight.bytes == 7 << 20
+        assert flight.bytes == 15 << 20
+        flight.release(9 << 20)  # room again: the waiter goes at once
+    assert flight.bytes == 9 << 20
