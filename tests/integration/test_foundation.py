@@ -16,6 +16,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import time
 from collections.abc import Callable
 
 import pytest
@@ -392,6 +393,11 @@ def test_readiness_lines_agree(hub, mount_factory, source_stats) -> None:
     assert m, hub_line
     assert (m.group(2), int(m.group(3))) == (hub.url, len(source_stats))
     spoke = mount_factory(hub.url)
+    # the mount is visible when the kernel has it; the line comes once the serving workers
+    # have started too (a moment later: CI once read an empty stdout here)
+    deadline = time.monotonic() + 30
+    while not spoke.stdout() and time.monotonic() < deadline:
+        time.sleep(0.05)
     spoke_line = spoke.stdout().splitlines()[0]
     assert spoke_line == (f"spokefs: mounted {hub.url} at {spoke.mnt} "
                           f"({len(source_stats)} entries, generation {m.group(4)})")
