@@ -229,6 +229,7 @@ class Replayer:
             await self._source.flush()  # done means stored, as for ``warm``
         finally:
             progress.seconds = time.monotonic() - started
+            self._ahead = None  # every read looks it up: drop it (an index of every file)
         progress.state = "done"
         log.info("replay %d (%s) done: %d bytes fetched, %d cached already, %d failed, "
                  "in %.1f s", progress.id, progress.name, progress.fetched_bytes,
