@@ -3,10 +3,10 @@
 ``SeaweedServer(data_dir, log_dir).start()`` runs master, volume, filer and S3 gateway in one
 child process bound to 127.0.0.1 only, every port picked free (and the gRPC ports given
 explicitly, since SeaweedFS otherwise takes ``port + 10000``), telemetry, admin UI, WebDAV,
-Iceberg and Lance off. The S3 gateway checks SigV4 against the one identity it makes from
-``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` in its environment (``ACCESS_KEY``,
-``SECRET_KEY`` below). ``stop()`` then ``start()`` again reuses the ports and the data
-directory: the same bucket comes back (the "server down and back" tests). A first start
+Iceberg and Lance off, and a fixed volume limit. The S3 gateway checks SigV4 against the one
+identity it makes from ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` in its environment
+(``ACCESS_KEY``, ``SECRET_KEY`` below). ``stop()`` then ``start()`` again reuses the ports
+and the data directory: the same bucket comes back (the "server down and back" tests). A first start
 whose ports another process took between ``free_port()`` and ``weed``'s bind (a busy
 machine) is tried again on fresh ports, up to ``_PORT_TRIES`` times.
 
@@ -34,6 +34,7 @@ ACCESS_KEY = "spokefs-test-key"
 SECRET_KEY = "spokefs-test-secret/with+odd=chars"
 START_TIMEOUT_S = 60.0
 _PORT_TRIES = 3
+_MAX_VOLUMES = 1000
 _PORT_FLAGS = ("s3.port", "s3.port.grpc", "master.port", "master.port.grpc", "filer.port",
                "filer.port.grpc", "volume.port", "volume.port.grpc", "admin.port",
                "admin.port.grpc")
@@ -99,6 +100,11 @@ class SeaweedServer:
         cmd = [binary, "mini", f"-dir={self.data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                "-master.telemetry=false", "-admin.ui=false", "-webdav=false",
                "-s3.port.iceberg=0", "-s3.port.lance=0",
+               # every bucket takes a volume of its own; left at 0, the volume limit is the
+               # machine's free disk over the volume size, and CI once ran out of volumes
+               # (InternalError on PutObject) near the session's 30th bucket; volumes grow
+               # as written (no preallocation), so a high limit costs no disk
+               f"-volume.max={_MAX_VOLUMES}",
                *(f"-{flag}={port}" for flag, port in self.ports.items())]
         env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
         with open(self.log_path, "wb") as log:
