@@ -19,6 +19,12 @@ in ``cache.policy`` counts them and remembers the last visit of cached and of ev
 in memory). Two segments, each with its order in the ``order`` db:
 
 - **probation** (every fill lands here, ordered by arrival); victims in this order:
+  0. while a job's order runs (``jobs.orders``): the newest chunks, inside the window too,
+     that have been read and whose file that job has read in its order: the order says
+     this epoch does not read them again, while every cached chunk it has not reached yet
+     is read (the optimal choice within an epoch; the window guards what the order knows).
+     Then the same in the protected segment, whose hand and cap (below) wait meanwhile:
+     they guess at re-use, which the order tells;
   1. *dead* chunks: arrived more than ``probation_limit`` visits ago and never re-used,
      oldest first (3 observed re-use intervals, at least 8 cache-fulls of visits: the first
      epoch of a long loop survives until the second);
@@ -141,6 +147,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -269,6 +276,9 @@ class BlockCache:
         self.window_bytes = window_bytes
         self._protected_max = max(max_bytes // 2, max_bytes - 2 * window_bytes)
         self._clock = AccessClock(max_bytes)
+        # set by the mount (``jobs.orders.Orders.passed``): what the jobs' running orders have
+        # passed, evicted first ("Eviction")
+        self.order_passed: Callable[[], Callable[[int], bool] | None] = lambda: None
         self._map_bytes = map_bytes or (self.bound_bytes(max_bytes) - LOCK_BYTES
                                         - 2 * self._clock.file_bytes())
         self._read_limiter = trio.CapacityLimiter(_READ_THREADS)
@@ -675,7 +685,7 @@ class BlockCache:
         protected_cap = int(self._protected_max * clock.protected_share)
         return Plan(clock.tick, clock.probation_limit(), limit, clock.cap_chunks, protected_cap,
                     min(_HAND_LIMIT, budget), clock.start_batch() if promote else [], misses,
-                    clock.is_visited, clock.last)
+                    clock.is_visited, clock.last, self.order_passed())
 
     async def _write(self, method: str, *args: Any) -> None:
         """Run a write transaction; if the map or disk is full, make room and retry once."""

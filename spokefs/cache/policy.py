@@ -265,6 +265,8 @@ class Plan:
         promote: probation chunks to move to the protected segment.
         misses: chunk key -> (tick of the read that missed it, whether it is hot), for fills.
         is_visited, last_visit: the access clock's table (read from this thread).
+        behind: whether a job's running order has passed a file (by id), or None when no
+            order runs (``jobs.orders.Orders.behind``, read from this thread).
     """
 
     tick: int
@@ -277,3 +279,4 @@ class Plan:
     misses: dict[bytes, tuple[int, bool]]
     is_visited: Callable[[bytes, int], bool]
     last_visit: Callable[[bytes], int]
+    behind: Callable[[int], bool] | None = None

@@ -78,6 +78,15 @@ class Orders:
         for replayer, _ in self._jobs.values():
             replayer.on_read(file_id)
 
+    def passed(self) -> Callable[[int], bool] | None:
+        """While some job's order is being fetched, whether a file is one such a job has read
+        (the block cache evicts those first: this epoch does not read them again); else None.
+        Called on the trio thread; the function it returns runs on the cache's writer."""
+        running = tuple(r for r, _ in self._jobs.values() if r.progress().state == "running")
+        if not running:
+            return None
+        return lambda file_id: any(r.behind(file_id) for r in running)
+
     def running(self) -> bool:
         """Whether some job's order is being fetched: the mount's own guesses (directory
         fills, a miss's whole directory pack) then stand aside, since the order says what

@@ -20,12 +20,14 @@ the link's full speed (``spokefs mount --replay``, ``spokefs warm --trace``/``--
   arrival.
 - **Skips what is cached**, so a replay is resumable: run it again and it goes on where it
   stopped (cached chunks cost a header read, inline).
-- **Bounded by the cache.** The targets are cut where the working set would exceed the cache
-  less its fill window and the pinned bytes: fetching more would evict the replay's own
-  first bytes before the job reads them. What is left out is reported.
+- **Bounded by the cache.** A trace replay's targets are cut where the working set would
+  exceed the cache less its fill window and the pinned bytes: fetching more would evict the
+  replay's own first bytes before the job reads them. What is left out is reported.
 - **A horizon** (an order, ``horizon_bytes``): the replay starts no target that ends more
-  than the horizon past the furthest target the job has read (``on_read``), so a job that
-  stops leaves at most the horizon fetched and unread. A trace replay has none: it warms a
+  than the horizon (at most the budget above) past the furthest target the job has read
+  (``on_read``), so a job that stops leaves at most the horizon fetched and unread. An order
+  is not cut: it runs along the epoch however large the data set, and what the job has read
+  is what the cache evicts first (``behind``). A trace replay has no horizon: it warms a
   working set before the job runs.
 - Replayed chunks are stored with their own origin (``ORIGIN_REPLAY``), so hits on them
   count apart (``spokefs_block_hits_total{origin="replay"}``).
@@ -180,6 +182,12 @@ class Replayer:
         if self._ahead is not None:
             self._ahead.on_read(file_id)
 
+    def behind(self, file_id: int) -> bool:
+        """Whether the job has read this file of its order (called from the cache's writer
+        thread: reads one attribute and one set)."""
+        ahead = self._ahead
+        return ahead is not None and file_id in ahead.read
+
     async def cached_bytes(self, files: list[FileVersion]) -> int:
         """How many bytes of these file versions are cached already (a replay's check)."""
         return await self._source.cached_bytes(files)
@@ -213,7 +221,10 @@ class Replayer:
             log.warning("replay %d (%s): %s", progress.id, progress.name, exc)
             return
         progress.changed, progress.missing = resolved.changed, resolved.missing
-        targets, over = _within(resolved.targets, self._budget())
+        if self._horizon is None:
+            targets, over = _within(resolved.targets, self._budget())
+        else:  # an order: the horizon bounds what is fetched ahead (at most the cache's budget)
+            targets, over = resolved.targets, 0
         progress.over_budget_bytes = over
         progress.total_bytes = sum(t.nbytes(EXTENT_BYTES) for t in targets)
         self._ahead = _Ahead(targets) if self._horizon is not None else None
@@ -249,7 +260,7 @@ class Replayer:
                 await trio.lowlevel.checkpoint()  # a long run of cached files must not
                 # hold the event loop
             if self._ahead is not None and self._horizon is not None:
-                horizon = self._horizon()
+                horizon = min(self._horizon(), self._budget())
                 if self._ahead.beyond(n, horizon):  # wait for the job: start what is held first
                     if pick:
                         await self._launch_picks(nursery, progress, pick)
@@ -350,10 +361,14 @@ class _Ahead:
         self._ends = list(itertools.accumulate(t.nbytes(EXTENT_BYTES) for t in targets))
         self._read_to = 0  # the targets before this one are behind the job
         self._moved = trio.Event()
+        self.read: set[int] = set()  # the targets' files the job has read
 
     def on_read(self, file_id: int) -> None:
         n = self._index.get(file_id)
-        if n is not None and n >= self._read_to:
+        if n is None:
+            return
+        self.read.add(file_id)
+        if n >= self._read_to:
             self._read_to = n + 1
             self._moved.set()
 

@@ -386,12 +386,17 @@ async def test_a_full_map_evicts_and_retries(tmp_path, caplog):
 
 
 async def _epochs(cache: BlockCache, files: int, epochs: int, rng: random.Random,
-                  hot_every: int = 0) -> tuple[list[float], float]:
+                  hot_every: int = 0, told: bool = False) -> tuple[list[float], float]:
     """Read ``files`` files of 4 chunks in a shuffled order per epoch; hit ratio per epoch,
-    and that of a hot 1-chunk file read every ``hot_every`` chunks (after the first epoch)."""
+    and that of a hot 1-chunk file read every ``hot_every`` chunks (after the first epoch).
+    ``told``: the cache knows, as a job's order tells the mount, which files the epoch has
+    read so far (``order_passed``)."""
     payload = os.urandom(CHUNK_SIZE)
     order = list(range(1, files + 1))
     ratios, hot_hits, hot_reads, n = [], 0, 0, 0
+    passed: set[int] = set()
+    if told:
+        cache.order_passed = lambda: passed.__contains__
 
     async def read(fid: int, ci: int) -> bool:
         got = await read_range(cache, fid, 1, ci * CHUNK_SIZE, (ci + 1) * CHUNK_SIZE)
@@ -402,8 +407,10 @@ async def _epochs(cache: BlockCache, files: int, epochs: int, rng: random.Random
 
     for epoch in range(epochs):
         rng.shuffle(order)
+        passed.clear()
         hit = 0
         for fid in order:
+            passed.add(fid)
             for ci in range(4):
                 hit += await read(fid, ci)
                 n += 1
@@ -431,6 +438,20 @@ async def test_epochs_over_a_dataset_larger_than_the_cache_keep_hitting(tmp_path
     ratios, _ = await _epochs(cache, files=64, epochs=1, rng=random.Random(2))
     assert ratios[0] >= 0.6 * 0.25, ratios
     cache.close()
+
+
+async def test_an_order_told_keeps_the_ideal_share_of_a_dataset_twice_the_cache(tmp_path):
+    # the default window (a quarter of a small cache) holds the newest fills, which a shuffled
+    # epoch has just read; with the order told, those go first and the cached half stays
+    figures = {}
+    for told in (False, True):
+        cache = BlockCache(tmp_path / str(told), 4 << 20)
+        ratios, _ = await _epochs(cache, files=32, epochs=4, rng=random.Random(5), told=told)
+        assert cache.statistics() == recount(cache)
+        cache.close()
+        figures[told] = ratios[1:]
+    assert min(figures[True]) >= 0.48, figures  # ideal C/D = 0.50
+    assert min(figures[True]) > max(figures[False]), figures
 
 
 async def test_a_dataset_that_fits_replaces_one_that_is_done(tmp_path):

@@ -16,12 +16,12 @@ from spokefs.jobs.trace_file import Entry
 from tests.spokefs.test_replay import _setup
 
 
-def _orders(tmp_path, files):
+def _orders(tmp_path, files, horizon_bytes=None):
     hub, cache, first, _fvs = _setup(tmp_path, files)
     make = functools.partial(Replayer, first._source, None, first._resolve,
                              small_file_bytes=1 << 20, request_bytes=3 << 20,
                              max_inflight_bytes=64 << 20, budget_bytes=lambda: 1 << 40,
-                             flight=first.flight)
+                             flight=first.flight, horizon_bytes=horizon_bytes)
     return hub, cache, Orders(make), first.flight
 
 
@@ -57,6 +57,34 @@ async def test_each_job_has_its_order_and_a_new_one_replaces_its_last(tmp_path):
         assert not orders.running()
         assert [p["job"] for p in orders.progress()] == ["rank1", "rank0"]
         assert flight.bytes == 0
+        nursery.cancel_scope.cancel()
+    cache.close()
+
+
+async def test_what_running_orders_have_passed(tmp_path):
+    """``passed``: None while no order runs, else whether some running order's job has read a
+    file (any job's read counts for each order listing the file)."""
+    files = {f"d/{i}.jpg": os.urandom(20_000) for i in range(8)}
+    _hub, cache, orders, _ = _orders(tmp_path, files, horizon_bytes=lambda: 40_000)
+    paths = list(files)
+    ids = {p: n + 1 for n, p in enumerate(paths)}  # ``_setup``'s file ids
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        await nursery.start(orders.run)
+        assert orders.passed() is None
+        orders.start("a", [Entry(p, 0, 0, None) for p in paths[:4]], "e0")
+        orders.start("b", [Entry(p, 0, 0, None) for p in paths[4:]], "e0")
+        await poll_until(lambda: orders.passed() is not None, 0.01)
+        orders.on_read(ids[paths[1]])
+        orders.on_read(ids[paths[6]])
+        passed = orders.passed()
+        assert passed is not None
+        assert [passed(ids[p]) for p in paths] == [False, True, False, False,
+                                                           False, False, True, False]
+        for p in paths:
+            orders.on_read(ids[p])
+        await poll_until(lambda: _done(orders, "a") and _done(orders, "b"), 0.01)
+        assert orders.passed() is None
         nursery.cancel_scope.cancel()
     cache.close()
 

@@ -163,3 +163,42 @@ async def test_a_horizon_keeps_the_replay_that_far_ahead_of_the_job(tmp_path):
         assert [f for pick in runs for f, _ in pick] == ids
         nursery.cancel_scope.cancel()
     cache.close()
+
+
+async def test_an_order_runs_past_the_cache_within_its_budget_ahead(tmp_path):
+    """An order over a data set larger than the cache is not cut: it goes along the epoch,
+    never more than the cache's budget ahead of the job (when that is below the horizon),
+    and says which of its files the job has read (what the cache evicts first)."""
+    size = 100_000
+    files = {f"d{i % 7}/{i:03}.jpg": os.urandom(size) for i in range(40)}
+    hub, cache, first, fvs = _setup(tmp_path, files)
+    replayer = Replayer(first._source, LinkReach(lambda: 0, lambda: None, 1e8), first._resolve,
+                        small_file_bytes=1 << 20, request_bytes=REQUEST,
+                        max_inflight_bytes=64 << 20, budget_bytes=lambda: 8 * size,
+                        horizon_bytes=lambda: 1 << 40)
+    order = list(files)
+
+    def fetched() -> int:
+        return sum(len(p) for p in hub.packs)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        await nursery.start(replayer.run)
+        replayer.start([Entry(p, 0, 0, None) for p in order], "o")
+        await poll_until(lambda: fetched() >= 8, 0.01)
+        await trio.sleep(0.3)
+        assert fetched() == 8 and replayer.progress().over_budget_bytes == 0
+        assert replayer.progress().total_bytes == 40 * size
+        assert not replayer.behind(fvs[order[0]].file_id)
+        replayer.on_read(fvs[order[19]].file_id)
+        assert replayer.behind(fvs[order[19]].file_id)
+        assert not replayer.behind(fvs[order[0]].file_id)  # passed, not read: kept
+        await poll_until(lambda: fetched() >= 28, 0.01)
+        await trio.sleep(0.3)
+        assert fetched() == 28
+        replayer.on_read(fvs[order[-1]].file_id)
+        await _finished(replayer)
+        assert fetched() == 40 and replayer.progress().state == "done"
+        assert not replayer.behind(fvs[order[19]].file_id)  # over: no order says anything
+        nursery.cancel_scope.cancel()
+    cache.close()
