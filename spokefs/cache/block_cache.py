@@ -20,7 +20,7 @@ in memory). Two segments, each with its order in the ``order`` db:
 
 - **probation** (every fill lands here, ordered by arrival); victims in this order:
   0. while a job's order runs (``jobs.orders``): the newest chunks, inside the window too,
-     that have been read and whose file that job has read in its order: the order says
+     visited since the order came and whose file that job has read in it: the order says
      this epoch does not read them again, while every cached chunk it has not reached yet
      is read (the optimal choice within an epoch; the window guards what the order knows).
      Then the same in the protected segment, whose hand and cap (below) wait meanwhile:
@@ -277,8 +277,8 @@ class BlockCache:
         self._protected_max = max(max_bytes // 2, max_bytes - 2 * window_bytes)
         self._clock = AccessClock(max_bytes)
         # set by the mount (``jobs.orders.Orders.passed``): what the jobs' running orders have
-        # passed, evicted first ("Eviction")
-        self.order_passed: Callable[[], Callable[[int], bool] | None] = lambda: None
+        # passed, and since which tick, evicted first ("Eviction")
+        self.order_passed: Callable[[], Callable[[int], int | None] | None] = lambda: None
         self._map_bytes = map_bytes or (self.bound_bytes(max_bytes) - LOCK_BYTES
                                         - 2 * self._clock.file_bytes())
         self._read_limiter = trio.CapacityLimiter(_READ_THREADS)
@@ -380,6 +380,10 @@ class BlockCache:
             log.warning("block cache: could not save the access clock: %s", exc)
             return False
         return True
+
+    def tick(self) -> int:
+        """The access clock now (chunk visits so far; ``cache.policy``)."""
+        return self._clock.tick
 
     def statistics(self) -> CacheStats:
         s = self._stats

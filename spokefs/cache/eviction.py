@@ -150,9 +150,10 @@ class Evictor:
     def _evict_behind(
         self, txn: lmdb.Transaction, st: CacheState, plan: Plan, target: int, segment: int
     ) -> None:
-        """The segment's newest chunks, window or not, that have been read and whose file
-        a job's running order has passed (``Plan.behind``): the order says they are not
-        read again this epoch, while every chunk it has not passed yet is."""
+        """The segment's newest chunks, window or not, whose file a job's running order
+        has passed (``Plan.behind``) and that were visited since that order came (a chunk
+        read while it was staged was visited before its stored tick): the order says they
+        are not read again this epoch, while every chunk it has not passed yet is."""
         behind = plan.behind
         assert behind is not None
         cur = txn.cursor(db=self._store.order_db)
@@ -163,11 +164,14 @@ class Evictor:
             if not ok or excess <= 0 or cur.key()[0] != segment:
                 break
             order_key, key = bytes(cur.key()), bytes(cur.value())
-            if behind(KEY.unpack(key)[0]):
+            # not one this transaction stores for a read that missed it: its reader may not
+            # have taken the staged bytes yet, and would fetch them again
+            if key not in plan.misses and \
+                    (since := behind(KEY.unpack(key)[0])) is not None and \
+                    plan.last_visit(key) >= max(1, since):
                 head = self._store.read_head(txn, key)
-                if head is None or plan.is_visited(key, head.stored_tick):
-                    victims.append((order_key, key))
-                    excess -= len(head.sums) * BLOCK_SIZE if head else 0
+                victims.append((order_key, key))
+                excess -= len(head.sums) * BLOCK_SIZE if head else 0
             ok = cur.prev()
         for order_key, key in victims:
             self._remove(txn, st, order_key, key)

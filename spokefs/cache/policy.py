@@ -265,8 +265,9 @@ class Plan:
         promote: probation chunks to move to the protected segment.
         misses: chunk key -> (tick of the read that missed it, whether it is hot), for fills.
         is_visited, last_visit: the access clock's table (read from this thread).
-        behind: whether a job's running order has passed a file (by id), or None when no
-            order runs (``jobs.orders.Orders.behind``, read from this thread).
+        behind: for a file (by id) a job's running order has passed, the tick when that
+            order came (a chunk of it visited since has been read in its epoch), else None;
+            None when no order runs (``jobs.orders.Orders.passed``, read from this thread).
     """
 
     tick: int
@@ -279,4 +280,4 @@ class Plan:
     misses: dict[bytes, tuple[int, bool]]
     is_visited: Callable[[bytes, int], bool]
     last_visit: Callable[[bytes], int]
-    behind: Callable[[int], bool] | None = None
+    behind: Callable[[int], int | None] | None = None

@@ -69,7 +69,8 @@ class Orders:
 
     def progress(self) -> list[dict[str, object]]:
         """Each job's current (or last) order, oldest announcement first."""
-        return [{"job": job, **replayer.progress().as_dict()}
+        return [{"job": job, "following": replayer.following(),
+                 **replayer.progress().as_dict()}
                 for job, (replayer, _) in self._jobs.items()]
 
     def on_read(self, file_id: int) -> None:
@@ -78,20 +79,32 @@ class Orders:
         for replayer, _ in self._jobs.values():
             replayer.on_read(file_id)
 
-    def passed(self) -> Callable[[int], bool] | None:
-        """While some job's order is being fetched, whether a file is one such a job has read
-        (the block cache evicts those first: this epoch does not read them again); else None.
-        Called on the trio thread; the function it returns runs on the cache's writer."""
-        running = tuple(r for r, _ in self._jobs.values() if r.progress().state == "running")
-        if not running:
+    def passed(self) -> Callable[[int], int | None] | None:
+        """While some job's order is being fetched or read (``running``), a function that
+        says whether a file is one such a job has read: the cache's tick when that order
+        came (the block cache evicts first the file's chunks visited since: this epoch does
+        not read them again), else None; the newest order listing the file decides (a job's
+        next epoch, told by another loader, outranks the last). Else None. Called on the
+        trio thread; the function it returns runs on the cache's writer."""
+        newest_first = sorted((r for r, _ in self._jobs.values() if r.following()),
+                              key=lambda r: r.since, reverse=True)
+        if not newest_first:
             return None
-        return lambda file_id: any(r.behind(file_id) for r in running)
+
+        def behind(file_id: int) -> int | None:
+            for r in newest_first:  # the newest order that lists the file knows best
+                if r.lists(file_id):
+                    return r.since if r.behind(file_id) else None
+            return None
+
+        return behind
 
     def running(self) -> bool:
-        """Whether some job's order is being fetched: the mount's own guesses (directory
-        fills, a miss's whole directory pack) then stand aside, since the order says what
-        comes next and they would only share the link with it."""
-        return any(r.progress().state in ("resolving", "running") for r, _ in self._jobs.values())
+        """Whether some job's order is being fetched, or read by its job after it was fetched
+        whole (``Replayer.following``): the mount's own guesses (directory fills, a miss's
+        whole directory pack) then stand aside, since the order says what comes next and
+        they would only share the link with it, or push its files out of a small cache."""
+        return any(r.following() for r, _ in self._jobs.values())
 
     @staticmethod
     async def _serve(replayer: Replayer, scope: trio.CancelScope) -> None:

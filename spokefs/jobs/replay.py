@@ -60,6 +60,12 @@ from spokefs.types import FileVersion
 log = logging.getLogger(__name__)
 
 _MIN_INFLIGHT_BYTES = 8 << 20
+# an order fetched whole is followed while its job reads a file of it at least this often
+_FOLLOW_S = 10.0
+_EARLY_READS = 1 << 16  # reads kept while an order resolves
+# a file of an order read again this long after its first read: the order's epoch is over (a
+# file's reads come within milliseconds; a sampler reads each file once an epoch)
+_REREAD_S = 2.0
 _INITIAL_INFLIGHT_BYTES = 64 << 20  # as directory fills: 1 Gbit/s x 0.5 s, until measured
 
 
@@ -77,6 +83,8 @@ class Progress:
         total_bytes, done_bytes: the working set replayed, and the part cached so far.
         fetched_bytes: bytes this replay fetched (the rest was cached already).
         failed_bytes: bytes whose requests failed (a rerun fetches them).
+        horizon_bytes: an order's horizon (the largest it has been), 0 for a trace replay:
+            a job that stops leaves at most this much of the order fetched and unread.
     """
 
     id: int = 0
@@ -90,6 +98,7 @@ class Progress:
     done_bytes: int = 0
     fetched_bytes: int = 0
     failed_bytes: int = 0
+    horizon_bytes: int = 0
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
@@ -150,6 +159,8 @@ class Replayer:
         self._budget = budget_bytes
         self._horizon = horizon_bytes
         self._ahead: _Ahead | None = None
+        self._early: set[int] | None = None
+        self.since = 0  # the cache's access clock when the current replay started
         self._ids = itertools.count(1)
         self._progress = Progress()
         self._pending: tuple[Progress, list[Entry]] | None = None
@@ -164,6 +175,10 @@ class Replayer:
                             entries=len(entries))
         self._pending = (progress, entries)
         self._progress = progress
+        self._ahead = None  # what the job read of its last order says nothing of this one
+        self.since = self._source.tick()  # the cache's clock when the order came
+        # reads while the order resolves, told to its ``_Ahead`` once it has one
+        self._early = set() if self._horizon is not None else None
         if self._scope is not None:
             self._scope.cancel()
         self._wake.set()
@@ -179,14 +194,40 @@ class Replayer:
 
     def on_read(self, file_id: int) -> None:
         """The job read a file: the horizon moves on if the replay lists it further on."""
-        if self._ahead is not None:
-            self._ahead.on_read(file_id)
+        ahead = self._ahead
+        if ahead is not None:
+            ahead.on_read(file_id)
+            if ahead.over:  # its epoch is over (another order of the job reads it again)
+                self._ahead = None
+                if self._progress.state in ("resolving", "running"):
+                    self.stop()
+            elif ahead.finished() and self._progress.state != "running":
+                self._ahead = None  # the job read every file: the order is over
+        elif self._early is not None and len(self._early) < _EARLY_READS:
+            self._early.add(file_id)
+
+    def following(self) -> bool:
+        """Whether an order is being fetched, or the job is still reading one fetched
+        whole (it read a file of it within ``_FOLLOW_S`` and has not read them all)."""
+        state = self._progress.state
+        if state in ("resolving", "running"):
+            return True
+        ahead = self._ahead
+        return ahead is not None and time.monotonic() - ahead.last_read < _FOLLOW_S
+
+    def lists(self, file_id: int) -> bool:
+        """Whether the current order lists the file (while it resolves: any file)."""
+        ahead = self._ahead
+        return ahead is None or file_id in ahead.index
 
     def behind(self, file_id: int) -> bool:
         """Whether the job has read this file of its order (called from the cache's writer
         thread: reads one attribute and one set)."""
         ahead = self._ahead
-        return ahead is not None and file_id in ahead.read
+        if ahead is not None:
+            return file_id in ahead.read
+        early = self._early
+        return early is not None and file_id in early
 
     async def cached_bytes(self, files: list[FileVersion]) -> int:
         """How many bytes of these file versions are cached already (a replay's check)."""
@@ -207,6 +248,8 @@ class Replayer:
                 self._scope = scope
                 await self._replay(progress, entries)
             self._scope = None
+            if scope.cancelled_caught:
+                self._ahead = None
             if scope.cancelled_caught and progress.state in ("resolving", "running"):
                 progress.state = "stopped"
                 log.info("replay %d (%s) stopped at %d of %d bytes", progress.id,
@@ -227,7 +270,14 @@ class Replayer:
             targets, over = resolved.targets, 0
         progress.over_budget_bytes = over
         progress.total_bytes = sum(t.nbytes(EXTENT_BYTES) for t in targets)
-        self._ahead = _Ahead(targets) if self._horizon is not None else None
+        self._ahead = None
+        if self._horizon is not None:
+            # the cache's room for the order's files: what it does not hold of them now
+            cached = await self._source.cached_bytes([t.fv for t in targets])
+            self._ahead = ahead = _Ahead(targets, max(0, self._budget() - cached))
+            for file_id in self._early or ():
+                ahead.on_read(file_id)
+        self._early = None
         progress.state = "running"
         metrics.REPLAY_TOTAL_BYTES.set(progress.total_bytes)
         metrics.REPLAY_DONE_BYTES.set(0)
@@ -240,7 +290,10 @@ class Replayer:
             await self._source.flush()  # done means stored, as for ``warm``
         finally:
             progress.seconds = time.monotonic() - started
-            self._ahead = None  # every read looks it up: drop it (an index of every file)
+        # an order's index is kept while its job reads the rest (``following``), dropped
+        # when it has read every file, is cancelled or replaced (every read looks it up)
+        if self._ahead is not None and self._ahead.finished():
+            self._ahead = None
         progress.state = "done"
         log.info("replay %d (%s) done: %d bytes fetched, %d cached already, %d failed, "
                  "in %.1f s", progress.id, progress.name, progress.fetched_bytes,
@@ -261,6 +314,7 @@ class Replayer:
                 # hold the event loop
             if self._ahead is not None and self._horizon is not None:
                 horizon = min(self._horizon(), self._budget())
+                progress.horizon_bytes = max(progress.horizon_bytes, horizon)
                 if self._ahead.beyond(n, horizon):  # wait for the job: start what is held first
                     if pick:
                         await self._launch_picks(nursery, progress, pick)
@@ -271,6 +325,15 @@ class Replayer:
                 if fv.file_id in in_pick or self._source.busy_or_cached(fv):
                     self._done(progress, fv.size)
                     continue
+                ahead = self._ahead
+                if ahead is not None and not ahead.fits(nbytes + fv.size):
+                    if pick:  # what has room goes now; the rest waits for the job's reads
+                        await self._launch_picks(nursery, progress, pick)
+                        pick, in_pick, nbytes = [], set(), 0
+                    await ahead.wait_room(fv.size)
+                    if self._source.busy_or_cached(fv):  # its reader came first
+                        self._done(progress, fv.size)
+                        continue
                 if pick and (nbytes + fv.size > protocol.PACK_MAX_BYTES
                              or len(pick) == protocol.PICK_MAX_FILES):
                     await self._launch_picks(nursery, progress, pick)
@@ -298,17 +361,25 @@ class Replayer:
         """Start the pick of ``files`` once it fits in flight, without the ones a reader
         fetched meanwhile (they would cross the link twice: a pick's URL names them all)."""
         nbytes = sum(size for _, _, size in files)
+        ahead = self._ahead
+        if ahead is not None:  # ``_issue`` gathered them within its room
+            ahead.fetching += nbytes
         await self._room_for(nbytes)
         still = [f for f in files if not self._source.busy_or_cached(FileVersion(*f))]
         if gone := nbytes - sum(size for _, _, size in still):
             self._done(progress, gone)
             self.flight.release(gone)
+            if ahead is not None:
+                ahead.fetching -= gone
         for plan in protocol.plan_picks(still):  # one at most: ``_issue`` cut at its limits
             nursery.start_soon(self._pick, progress, plan)
 
     async def _launch(self, nursery: trio.Nursery, nbytes: int,
                       fn: Callable[..., Awaitable[None]], *args: object) -> None:
         """Start ``fn(*args)`` once ``nbytes`` more fit in flight (one request at least)."""
+        if self._ahead is not None:
+            await self._ahead.wait_room(nbytes)
+            self._ahead.fetching += nbytes
         await self._room_for(nbytes)
         nursery.start_soon(fn, *args)
 
@@ -352,22 +423,55 @@ class Replayer:
 
 
 class _Ahead:
-    """Where the job is in a replay's targets: the furthest target it has read."""
+    """Where the job is in an order's targets: the furthest target it has read, what it has
+    read, and the room the order's fetches may take in the cache.
 
-    def __init__(self, targets: list[Target]) -> None:
-        self._index: dict[int, int] = {}
+    **Room.** What an order fetches ahead takes room in the cache. Taken from what the
+    job has read this epoch, or from what the cache holds of other files, it costs nothing;
+    taken from files of the order the job has not read yet, it costs a fetch of each later
+    (and a full cache holds only those at an epoch's start, when the data set is larger
+    than the cache). So an order fetches at most ``room`` (the cache's budget less what it
+    holds of the order's files when it starts) plus the bytes of its files the job has read
+    since; a file the job reaches before its fetch is its reader's miss, fetched at once.
+
+    **Over.** An order is over when the job has read every file of it, or reads one again
+    ``_REREAD_S`` after its first read (the job's next epoch, told as another order: the
+    ``clairvoyant`` of another loader, or a job that did not read the last few files);
+    until then its read files are what the cache evicts first (``behind``)."""
+
+    def __init__(self, targets: list[Target], room: int) -> None:
+        self.index: dict[int, int] = {}
+        self._repeated: set[int] = set()  # listed more than once (a sampler with replacement)
         for n, t in enumerate(targets):
-            self._index.setdefault(t.fv.file_id, n)
+            if self.index.setdefault(t.fv.file_id, n) != n:
+                self._repeated.add(t.fv.file_id)
         self._ends = list(itertools.accumulate(t.nbytes(EXTENT_BYTES) for t in targets))
+        self.room = room
+        self.read_bytes = 0  # of the targets the job has read
+        self.fetching = 0  # bytes the order has started to fetch
         self._read_to = 0  # the targets before this one are behind the job
         self._moved = trio.Event()
-        self.read: set[int] = set()  # the targets' files the job has read
+        self.read: dict[int, float] = {}  # the targets' files the job has read: when first
+        self.over = False  # a file read again well after its first read: a new epoch
+        self.last_read = time.monotonic()  # when the job last read one of them first
+
+    def finished(self) -> bool:
+        """Whether the job has read every target (the last one in the list comes before
+        others when several workers read batches side by side)."""
+        return len(self.read) >= len(self.index)
 
     def on_read(self, file_id: int) -> None:
-        n = self._index.get(file_id)
+        n = self.index.get(file_id)
         if n is None:
             return
-        self.read.add(file_id)
+        now = time.monotonic()
+        first = self.read.get(file_id)
+        if first is None:
+            self.read[file_id] = self.last_read = now
+            self.read_bytes += self._ends[n] - (self._ends[n - 1] if n else 0)
+            self._moved.set()
+        elif now - first > _REREAD_S and file_id not in self._repeated:
+            self.over = True
         if n >= self._read_to:
             self._read_to = n + 1
             self._moved.set()
@@ -376,6 +480,18 @@ class _Ahead:
         """Whether target ``n`` ends more than ``horizon`` bytes past the job's reads."""
         behind = self._ends[self._read_to - 1] if self._read_to else 0
         return self._ends[n] - behind > horizon
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more fit in the order's room (see the class docstring)."""
+        return self.fetching + nbytes <= self.room + self.read_bytes
+
+    async def wait_room(self, nbytes: int) -> None:
+        """Until ``nbytes`` more fit in the order's room."""
+        while not self.fits(nbytes):
+            if self._moved.is_set():
+                self._moved = trio.Event()
+            with trio.move_on_after(0.25):
+                await self._moved.wait()
 
     async def wait(self, n: int, horizon: int) -> None:
         while self.beyond(n, horizon):

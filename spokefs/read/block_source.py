@@ -299,6 +299,10 @@ class BlockSource:
         """How many bytes of these file versions are in the cache."""
         return await self._cache.cached_bytes(files)
 
+    def tick(self) -> int:
+        """The cache's access clock now."""
+        return self._cache.tick()
+
     def statistics(self) -> CacheStats:
         return self._cache.statistics()
 

@@ -152,9 +152,11 @@ class DirFiller:
         self._paused: Callable[[], bool] = lambda: False
 
     def pause_while(self, paused: Callable[[], bool]) -> None:
-        """Start no pack while ``paused()`` holds (a job's announced order is being fetched:
-        the fills queued before it came would only share the link with it, and fetch files
-        its picks fetch too); what is queued waits, and finds those files cached after."""
+        """Start no pack while ``paused()`` holds (a job's announced order is being fetched
+        or read: the fills queued before it came would only share the link with it, fetch
+        files its picks fetch too, and in a cache smaller than the data set push out what
+        the order keeps); what was queued is dropped: once the order is over, its guesses
+        from before it are stale (the next misses queue directories again)."""
         self._paused = paused
 
     # -- hints (synchronous) ----------------------------------------------------------
@@ -320,7 +322,10 @@ class DirFiller:
             if queue and self._unread_bytes + head > self._budget:
                 self._reclaim()
             room = min(target - self._inflight_bytes, self._budget - self._unread_bytes)
-            if not queue or room < min(protocol.PACK_MAX_BYTES, head) or self._paused():
+            if queue and self._paused():
+                self._drop_queued()
+                continue
+            if not queue or room < min(protocol.PACK_MAX_BYTES, head):
                 self._changed = trio.Event()
                 with trio.move_on_after(0.25):  # the target follows the link as it is measured
                     await self._changed.wait()
@@ -331,6 +336,15 @@ class DirFiller:
                 plan, dir_id, nbytes = picked
                 self._inflight_bytes += nbytes
                 nursery.start_soon(self._fetch, plan, dir_id, nbytes)
+
+    def _drop_queued(self) -> None:
+        """Forget every queued pack and sibling (``pause_while``)."""
+        for _, dir_id in (*self._queue, *self._later):
+            self._done(dir_id)
+        self._queue.clear()
+        self._later.clear()
+        self._siblings.clear()
+        self._armed.clear()
 
     async def _fetch(self, plan: protocol.PackPlan, dir_id: int, nbytes: int) -> None:
         started = time.monotonic()

@@ -395,8 +395,9 @@ async def _epochs(cache: BlockCache, files: int, epochs: int, rng: random.Random
     order = list(range(1, files + 1))
     ratios, hot_hits, hot_reads, n = [], 0, 0, 0
     passed: set[int] = set()
+    since = [0]
     if told:
-        cache.order_passed = lambda: passed.__contains__
+        cache.order_passed = lambda: lambda f: since[0] if f in passed else None
 
     async def read(fid: int, ci: int) -> bool:
         got = await read_range(cache, fid, 1, ci * CHUNK_SIZE, (ci + 1) * CHUNK_SIZE)
@@ -408,6 +409,7 @@ async def _epochs(cache: BlockCache, files: int, epochs: int, rng: random.Random
     for epoch in range(epochs):
         rng.shuffle(order)
         passed.clear()
+        since[0] = cache.tick()
         hit = 0
         for fid in order:
             passed.add(fid)

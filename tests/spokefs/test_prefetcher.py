@@ -304,3 +304,27 @@ async def test_a_readdir_arms_its_directory_and_the_next_miss_fills_it(tmp_path)
         pf.on_readdir(9)  # while reads miss, a readdir fills at once
         assert 9 in pf.dirs._dirs
         nursery.cancel_scope.cancel()
+
+
+async def test_fills_queued_while_an_order_runs_are_dropped(tmp_path):
+    """While a job's order runs (``pause_while``) the fills queued are dropped, not kept for
+    later: once the order is over they are stale, and in a cache smaller than the data set
+    they would push out what the order kept. A miss after that fills again."""
+    files = {(100 + i, 1): os.urandom(20_000 + i) for i in range(20)}
+    listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in files.items()]
+    hub, pf, _reader, cache, source = setup(tmp_path, files, dirs={7: listing})
+    ordered = [True]
+    pf.dirs.pause_while(lambda: ordered[0])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pf.run)
+        await nursery.start(source.run)
+        await nursery.start(cache.run)
+        pf.dirs.on_miss(listing[-1], 7)
+        await trio.sleep(0.5)  # listed and queued, then dropped
+        ordered[0] = False
+        await trio.sleep(0.5)
+        assert hub.packs == []
+        pf.dirs.on_miss(listing[3], 7)
+        with trio.fail_after(10):
+            await poll_until(lambda: all(cache.has_file(fv) for fv in listing), 0.02)
+        nursery.cancel_scope.cancel()

@@ -14,6 +14,7 @@ from spoke_fakes import FakeHub, poll_until
 from spokefs.cache.block_cache import ORIGIN_REPLAY, BlockCache
 from spokefs.config import CHUNK_SIZE
 from spokefs.hub.link_model import LinkReach
+from spokefs.jobs import replay as replay_module
 from spokefs.jobs.replay import Replayer
 from spokefs.jobs.trace_file import Entry, Resolved, Target
 from spokefs.read.block_source import BlockSource
@@ -168,7 +169,8 @@ async def test_a_horizon_keeps_the_replay_that_far_ahead_of_the_job(tmp_path):
 async def test_an_order_runs_past_the_cache_within_its_budget_ahead(tmp_path):
     """An order over a data set larger than the cache is not cut: it goes along the epoch,
     never more than the cache's budget ahead of the job (when that is below the horizon),
-    and says which of its files the job has read (what the cache evicts first)."""
+    fetching into the cache's room and what the job has read, and says which of its files
+    the job has read (what the cache evicts first)."""
     size = 100_000
     files = {f"d{i % 7}/{i:03}.jpg": os.urandom(size) for i in range(40)}
     hub, cache, first, fvs = _setup(tmp_path, files)
@@ -193,12 +195,86 @@ async def test_an_order_runs_past_the_cache_within_its_budget_ahead(tmp_path):
         replayer.on_read(fvs[order[19]].file_id)
         assert replayer.behind(fvs[order[19]].file_id)
         assert not replayer.behind(fvs[order[0]].file_id)  # passed, not read: kept
+        # the room: 8 files of the cache, and each file the job has read (one so far)
+        await poll_until(lambda: fetched() >= 9, 0.01)
+        await trio.sleep(0.3)
+        assert fetched() == 9
+        for p in order[:19]:
+            replayer.on_read(fvs[p].file_id)
+        # now the budget ahead of file 20 is what holds it back
         await poll_until(lambda: fetched() >= 28, 0.01)
         await trio.sleep(0.3)
         assert fetched() == 28
-        replayer.on_read(fvs[order[-1]].file_id)
+        for p in order[20:]:
+            replayer.on_read(fvs[p].file_id)
         await _finished(replayer)
         assert fetched() == 40 and replayer.progress().state == "done"
         assert not replayer.behind(fvs[order[19]].file_id)  # over: no order says anything
+        nursery.cancel_scope.cancel()
+    cache.close()
+
+
+async def test_an_order_fetched_whole_is_followed_until_its_job_has_read_it(tmp_path):
+    """Once an order is fetched, the job still reads the rest of it: the mount's own guesses
+    keep standing aside (``following``) until the job has read every file of it, or has read
+    none of it for ``_FOLLOW_S``."""
+    files = {f"d/{i}.jpg": os.urandom(10_000) for i in range(6)}
+    _hub, cache, first, fvs = _setup(tmp_path, files)
+    replayer = Replayer(first._source, LinkReach(lambda: 0, lambda: None, 1e8), first._resolve,
+                        small_file_bytes=1 << 20, request_bytes=REQUEST,
+                        max_inflight_bytes=64 << 20, budget_bytes=lambda: 1 << 40,
+                        horizon_bytes=lambda: 1 << 40)
+    order = list(files)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        await nursery.start(replayer.run)
+        assert not replayer.following()
+        replayer.start([Entry(p, 0, 0, None) for p in order], "o")
+        assert replayer.following()
+        await _finished(replayer)
+        assert replayer.progress().state == "done" and replayer.following()
+        replayer.on_read(fvs[order[2]].file_id)
+        assert replayer.following() and replayer.behind(fvs[order[2]].file_id)
+        replayer.on_read(fvs[order[-1]].file_id)  # the last, read before others: not over
+        assert replayer.following()
+        for p in order:
+            replayer.on_read(fvs[p].file_id)
+        assert not replayer.following() and not replayer.behind(fvs[order[2]].file_id)
+        replayer.start([Entry(p, 0, 0, None) for p in order], "again")
+        await _finished(replayer)
+        assert replayer.following()
+        replayer._ahead.last_read -= replay_module._FOLLOW_S  # its job read nothing since
+        assert not replayer.following()
+        nursery.cancel_scope.cancel()
+    cache.close()
+
+
+async def test_an_order_is_over_when_its_files_are_read_again(tmp_path, monkeypatch):
+    """A file of an order read again well after its first read is the job's next epoch: the
+    order stops (fetching and being followed), so what its job read in the last epoch is not
+    taken for what the new epoch has read; a file listed twice may be read twice."""
+    monkeypatch.setattr(replay_module, "_REREAD_S", 0.05)
+    files = {f"d/{i}.jpg": os.urandom(10_000) for i in range(6)}
+    _hub, cache, first, fvs = _setup(tmp_path, files)
+    replayer = Replayer(first._source, LinkReach(lambda: 0, lambda: None, 1e8), first._resolve,
+                        small_file_bytes=1 << 20, request_bytes=REQUEST,
+                        max_inflight_bytes=64 << 20, budget_bytes=lambda: 1 << 40,
+                        horizon_bytes=lambda: 20_000)
+    order = list(files)
+    ids = [fvs[p].file_id for p in order]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        await nursery.start(replayer.run)
+        replayer.start([Entry(p, 0, 0, None) for p in [*order, order[1]]], "o")
+        await poll_until(lambda: replayer.progress().state == "running", 0.01)
+        replayer.on_read(ids[0])
+        replayer.on_read(ids[0])  # a file's second request: the same read
+        replayer.on_read(ids[1])
+        await trio.sleep(0.1)
+        replayer.on_read(ids[1])  # listed twice: read twice
+        assert replayer.following() and replayer.progress().state == "running"
+        replayer.on_read(ids[0])  # the next epoch
+        await poll_until(lambda: replayer.progress().state == "stopped", 0.01)
+        assert not replayer.following() and not replayer.behind(ids[0])
         nursery.cancel_scope.cancel()
     cache.close()
