@@ -302,7 +302,8 @@ def _job_control(
     replayer = make()
     flight = replayer.flight
     orders = Orders(functools.partial(make, flight=flight, horizon_bytes=lambda: (
-        2 * flight.target() + _ORDER_HORIZON_EXTRA))) if cfg.prefetch.enabled else None
+        2 * flight.target() + _ORDER_HORIZON_EXTRA)), replayer) if cfg.prefetch.enabled \
+        else None
     if orders is not None:
         cache.order_passed = orders.passed
     pins = Pins(cache, reader, int(cfg.cache_max_bytes * cfg.max_pinned_share))

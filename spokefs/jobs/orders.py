@@ -23,6 +23,7 @@ so a job that stops leaves at most that much fetched and unread.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -34,15 +35,21 @@ from spokefs.jobs.trace_file import Entry
 log = logging.getLogger(__name__)
 
 MAX_JOBS = 64
+GRACE_S = 10.0  # after the last order, the mount's own guesses wait this long for the next
 
 
 class Orders:
     """One replayer per announcing job, made by ``make_replayer`` (sharing the in-flight bound)."""
 
-    def __init__(self, make_replayer: Callable[[], Replayer]) -> None:
+    def __init__(self, make_replayer: Callable[[], Replayer],
+                 trace: Replayer | None = None) -> None:
+        """``trace``: the mount's trace replayer (``--replay``, ``warm --trace``), which
+        ``running`` counts too: it fetches in a job's order as well."""
         self._make = make_replayer
+        self._trace = trace
         self._jobs: OrderedDict[str, tuple[Replayer, trio.CancelScope]] = OrderedDict()
         self._nursery: trio.Nursery | None = None
+        self._last_running = -GRACE_S  # when an order last ran
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -101,10 +108,18 @@ class Orders:
 
     def running(self) -> bool:
         """Whether some job's order is being fetched, or read by its job after it was fetched
-        whole (``Replayer.following``): the mount's own guesses (directory fills, a miss's
-        whole directory pack) then stand aside, since the order says what comes next and
-        they would only share the link with it, or push its files out of a small cache."""
-        return any(r.following() for r, _ in self._jobs.values())
+        whole (``Replayer.following``), or a trace replay runs, or one of those did less
+        than ``GRACE_S`` ago: the mount's own guesses (directory fills, a miss's whole
+        directory pack) then stand aside, since the order says what comes next and they
+        would only share the link with it, or push its files out of a small cache. The
+        grace covers a job's next epoch, whose workers read their first files while the
+        order of it is on its way."""
+        now = time.monotonic()
+        if any(r.following() for r, _ in self._jobs.values()) or \
+                (self._trace is not None and self._trace.following()):
+            self._last_running = now
+            return True
+        return now - self._last_running < GRACE_S
 
     @staticmethod
     async def _serve(replayer: Replayer, scope: trio.CancelScope) -> None:

@@ -34,7 +34,7 @@ def _done(orders: Orders, job: str) -> bool:
     return p is not None and p["state"] not in ("resolving", "running")
 
 
-async def test_each_job_has_its_order_and_a_new_one_replaces_its_last(tmp_path):
+async def test_each_job_has_its_order_and_a_new_one_replaces_its_last(tmp_path, monkeypatch):
     files = {f"d{i % 3}/{i}.jpg": os.urandom(20_000 + i) for i in range(12)}
     _hub, cache, orders, flight = _orders(tmp_path, files)
     paths = list(files)
@@ -54,6 +54,8 @@ async def test_each_job_has_its_order_and_a_new_one_replaces_its_last(tmp_path):
         await poll_until(lambda: _done(orders, "rank0"), 0.01)
         assert _of(orders, "rank0")["id"] == second == 2
         assert _of(orders, "rank0")["fetched_bytes"] == 0  # cached by the first orders
+        assert orders.running()  # over, but the next epoch's order may be on its way
+        monkeypatch.setattr(orders_module, "GRACE_S", 0.0)
         assert not orders.running()
         assert [p["job"] for p in orders.progress()] == ["rank1", "rank0"]
         assert flight.bytes == 0
@@ -124,3 +126,23 @@ async def test_the_in_flight_bound_is_shared():
         assert flight.bytes == 15 << 20
         flight.release(9 << 20)  # room again: the waiter goes at once
     assert flight.bytes == 9 << 20
+
+
+async def test_a_trace_replay_counts_as_running(tmp_path, monkeypatch):
+    """The mount's trace replay (``--replay``) fetches in a job's order too: while it runs
+    the mount's own guesses stand aside as for an order."""
+    monkeypatch.setattr(orders_module, "GRACE_S", 0.0)
+    files = {f"d/{i}.jpg": os.urandom(20_000) for i in range(4)}
+    hub, cache, first, _ = _setup(tmp_path, files)
+    hub.delay_s = 0.3
+    orders = Orders(lambda: first, trace=first)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        await nursery.start(first.run)
+        assert not orders.running()
+        first.start([Entry(p, 0, 0, None) for p in files], "trace")
+        assert orders.running()
+        await poll_until(lambda: first.progress().state == "done", 0.01)
+        assert not orders.running()
+        nursery.cancel_scope.cancel()
+    cache.close()
