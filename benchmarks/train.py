@@ -41,6 +41,12 @@ read error is a mismatch; any mismatch makes the benchmark exit 1). Configuratio
   epoch through ``spokefs.torch.clairvoyant(loader)``: the loader tells the mount the
   epoch's file order as its sampler draws it, and the spoke fetches in that order (issue
   24); graded like spoke-cold, against its own goals;
+- ``spoke-order-stop``: the same, the job stopping after 10 % of the epoch; once the order is
+  quiet, the link bytes beyond what the job consumed, over the order's horizon plus the
+  DataLoader's own read-ahead;
+- ``spoke-2x`` and ``spoke-2x-order``: ``--cache-size`` half the dataset, 3 shuffled epochs on
+  one fresh mount, without and with the order; per epoch the link bytes per dataset byte and
+  ``kept`` (1 minus that), graded on the epochs after the first;
 - ``bucket-cold``: ``hubd serve s3://BUCKET`` -> longlink (its own) -> a fresh ``spokefs
   mount``, one cold epoch; the dataset is uploaded once per RTT to a real SeaweedFS (``weed
   mini`` on 127.0.0.1, tests/helpers/seaweed.py). ``--hub-source both`` adds it next to the
