@@ -128,6 +128,11 @@ PREFETCH_ISSUED_BYTES = Counter(
 PREFETCH_USED_BYTES = Counter(
     "spokefs_prefetch_used_bytes_total", "Prefetched bytes that a read later used"
 )
+PREFETCH_HOLDS = Counter(
+    "spokefs_prefetch_holds_total",
+    "Times directory packs and fills were held because what they fetched left the cache "
+    "unread (a cache smaller than what the readers go through)"
+)
 PREFETCH_RESETS = Counter(
     "spokefs_prefetch_window_resets_total", "Read-ahead windows closed by a non-sequential read"
 )

@@ -39,6 +39,8 @@ failure is raised to them).
 
 from __future__ import annotations
 
+import itertools
+import logging
 from collections import OrderedDict
 from typing import Protocol
 
@@ -62,8 +64,21 @@ from spokefs.read.claims import ChunkKey, Claims
 from spokefs.read.grid import chunk_blocks, grid_runs
 from spokefs.types import FileVersion
 
+log = logging.getLogger(__name__)
+
 _PACK_ERRORS_KEPT = 64  # failures of demand packs, until their readers look
 _TRACKED_PREFETCH_CHUNKS = 1 << 20  # ~100 MiB of bookkeeping at most
+# Speculation that does not pay: prefetched chunks evicted before any read used them. The
+# oldest tracked ones are checked every _WASTE_CHECK_S (_WASTE_SCAN at most); once the waste
+# over the last _WASTE_WINDOW_BYTES prefetched passes _WASTE_MAX of it, packs and fills stop
+# for _WASTE_HOLD_S, twice as long each time in a row (up to _WASTE_HOLD_MAX_S), back to
+# _WASTE_HOLD_S once a window wastes little (``speculation_pays``).
+_WASTE_CHECK_S = 0.5
+_WASTE_SCAN = 512
+_WASTE_WINDOW_BYTES = 64 << 20
+_WASTE_MAX = 0.25
+_WASTE_HOLD_S = 30.0
+_WASTE_HOLD_MAX_S = 960.0
 
 MemberKey = tuple[int, int]  # (file id, version) of a pack member
 
@@ -86,7 +101,12 @@ class BlockSource:
         self._claims = Claims()
         self._nursery: trio.Nursery | None = None
         self._pack_errors: OrderedDict[str, SpokeError] = OrderedDict()  # of demand packs
-        self._prefetched: OrderedDict[ChunkKey, int] = OrderedDict()
+        self._prefetched: OrderedDict[ChunkKey, tuple[int, int]] = OrderedDict()  # -> bytes,
+        # the file's size
+        self._waste = [0, 0]  # prefetched bytes, and those evicted unused, in the window
+        self._waste_checked = 0.0
+        self._hold_until = 0.0
+        self._hold_s = _WASTE_HOLD_S
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Hosts the packs that demand reads start, so a read returns once its own file is
@@ -116,7 +136,8 @@ class BlockSource:
         """The bytes of ``[offset, end)``, whose blocks ``missing`` were not cached: fetch
         (or wait for others' fetches of) them, stage them, answer."""
         small = fv.size <= self._small
-        if small and self._packs is not None and protocol.packable(fv.size):
+        if small and self._packs is not None and protocol.packable(fv.size) and \
+                self.speculation_pays():
             plan = await self._packs.pack_of(parent_id, fv)
             if plan is not None:
                 await self._demand_pack(plan, fv)
@@ -154,9 +175,49 @@ class BlockSource:
         if not self._prefetched:
             return
         for ci in range(first // CHUNK_BLOCKS, last // CHUNK_BLOCKS + 1):
-            nbytes = self._prefetched.pop((fv.file_id, fv.version, ci), None)
-            if nbytes is not None:
-                metrics.PREFETCH_USED_BYTES.inc(nbytes)
+            kept = self._prefetched.pop((fv.file_id, fv.version, ci), None)
+            if kept is not None:
+                metrics.PREFETCH_USED_BYTES.inc(kept[0])
+
+    def speculation_pays(self) -> bool:
+        """Whether fetching what no reader asked for yet (a miss's whole directory pack,
+        directory fills) still pays: False for a while (``_WASTE_HOLD_S``, doubling) once more
+        than ``_WASTE_MAX`` of what was prefetched lately left the cache before any read used it
+        (a cache smaller than what the readers go through: every pack pushes out the last
+        one's files before they are read, and the link carries the data set many times)."""
+        now = trio.current_time()
+        if now < self._hold_until:
+            return False
+        if now - self._waste_checked >= _WASTE_CHECK_S:
+            self._waste_checked = now
+            self._count_waste()
+            fetched, wasted = self._waste
+            if fetched < _WASTE_WINDOW_BYTES // 4:
+                return True
+            if wasted > _WASTE_MAX * fetched:
+                self._hold_until = now + self._hold_s
+                metrics.PREFETCH_HOLDS.inc()
+                log.info("prefetch held for %.0f s: %d of the last %d bytes prefetched left "
+                         "the cache unread (a cache smaller than what the readers go "
+                         "through)", self._hold_s, wasted, fetched)
+                self._hold_s = min(2 * self._hold_s, _WASTE_HOLD_MAX_S)
+                self._waste = [0, 0]
+                return False
+            if wasted < _WASTE_MAX / 4 * fetched:
+                self._hold_s = _WASTE_HOLD_S
+        return True
+
+    def _count_waste(self) -> None:
+        """Pop the oldest tracked prefetched chunks that are no longer cached (evicted
+        before a read used them) into the waste window (inline header reads)."""
+        gone = 0
+        for key, (nbytes, size) in list(itertools.islice(self._prefetched.items(),
+                                                         _WASTE_SCAN)):
+            fid, ver, ci = key
+            if not self._cache.present_chunks_now(FileVersion(fid, ver, size), ci, ci):
+                del self._prefetched[key]
+                gone += nbytes
+        self._waste[1] += gone
 
     async def _demand(self, fv: FileVersion, missing: list[int]) -> None:
         """Fetch the chunks of the missing blocks that nobody else is fetching and stage
@@ -401,6 +462,9 @@ class BlockSource:
         size = fv.size
         for ci in chunks:
             nbytes = min(CHUNK_SIZE, size - ci * CHUNK_SIZE)
-            self._prefetched[(fv.file_id, fv.version, ci)] = nbytes
+            self._prefetched[(fv.file_id, fv.version, ci)] = (nbytes, size)
+            self._waste[0] += nbytes
+        if self._waste[0] > _WASTE_WINDOW_BYTES:  # the window slides: halve both
+            self._waste = [self._waste[0] // 2, self._waste[1] // 2]
         while len(self._prefetched) > _TRACKED_PREFETCH_CHUNKS:
             self._prefetched.popitem(last=False)

@@ -322,7 +322,7 @@ class DirFiller:
             if queue and self._unread_bytes + head > self._budget:
                 self._reclaim()
             room = min(target - self._inflight_bytes, self._budget - self._unread_bytes)
-            if queue and self._paused():
+            if queue and (self._paused() or not self._source.speculation_pays()):
                 self._drop_queued()
                 continue
             if not queue or room < min(protocol.PACK_MAX_BYTES, head):

@@ -328,3 +328,34 @@ async def test_fills_queued_while_an_order_runs_are_dropped(tmp_path):
         with trio.fail_after(10):
             await poll_until(lambda: all(cache.has_file(fv) for fv in listing), 0.02)
         nursery.cancel_scope.cancel()
+
+
+async def test_packs_stop_when_what_they_bring_leaves_the_cache_unread(tmp_path, monkeypatch):
+    """A cache smaller than what the readers go through: each miss's directory pack pushes
+    the last packs' files out before anyone reads them. Once most of what was prefetched
+    left unread, misses fetch their file alone (for a while), not the pack."""
+    from spokefs.read import block_source as block_source_module
+    monkeypatch.setattr(block_source_module, "_WASTE_WINDOW_BYTES", 1 << 20)
+    monkeypatch.setattr(block_source_module, "_WASTE_CHECK_S", 0.0)
+    dirs = {d: [FileVersion(1000 * d + i, 1, 20_000 + i) for i in range(20)]
+            for d in range(1, 31)}
+    files = {(f.file_id, 1): os.urandom(f.size) for fs in dirs.values() for f in fs}
+    hub, pf, reader, cache, source = setup(tmp_path, files, dirs=dirs)
+    small = BlockCache(tmp_path / "small", 1 << 20)  # 1 MiB: two or three packs
+    source._cache = small
+    async with trio.open_nursery() as nursery:
+        await nursery.start(source.run)
+        await nursery.start(small.run)
+        assert source.speculation_pays()
+        for d, fs in dirs.items():  # one file read in each directory, the rest never
+            s = reader.open(fs[0], d)
+            assert await reader.read(s, 0, fs[0].size) == files[(fs[0].file_id, 1)]
+            await small.flush()
+        assert not source.speculation_pays()
+        packs = len(hub.packs)
+        for d, fs in dirs.items():  # held: a miss brings its own file only
+            s = reader.open(fs[1], d)
+            assert await reader.read(s, 0, fs[1].size) == files[(fs[1].file_id, 1)]
+        assert len(hub.packs) == packs
+        nursery.cancel_scope.cancel()
+    small.close()
