@@ -340,7 +340,8 @@ async def test_packs_stop_when_what_they_bring_leaves_the_cache_unread(tmp_path,
     dirs = {d: [FileVersion(1000 * d + i, 1, 20_000 + i) for i in range(20)]
             for d in range(1, 31)}
     files = {(f.file_id, 1): os.urandom(f.size) for fs in dirs.values() for f in fs}
-    hub, pf, reader, cache, source = setup(tmp_path, files, dirs=dirs)
+    hub, _pf, reader, unused, source = setup(tmp_path, files, dirs=dirs)
+    unused.close()
     small = BlockCache(tmp_path / "small", 1 << 20)  # 1 MiB: two or three packs
     source._cache = small
     async with trio.open_nursery() as nursery:

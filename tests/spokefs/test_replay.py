@@ -14,6 +14,7 @@ from spoke_fakes import FakeHub, poll_until
 from spokefs.cache.block_cache import ORIGIN_REPLAY, BlockCache
 from spokefs.config import CHUNK_SIZE
 from spokefs.hub.link_model import LinkReach
+from spokefs.jobs import order_position
 from spokefs.jobs import replay as replay_module
 from spokefs.jobs.replay import Replayer
 from spokefs.jobs.trace_file import Entry, Resolved, Target
@@ -253,7 +254,7 @@ async def test_an_order_is_over_when_its_files_are_read_again(tmp_path, monkeypa
     """A file of an order read again well after its first read is the job's next epoch: the
     order stops (fetching and being followed), so what its job read in the last epoch is not
     taken for what the new epoch has read; a file listed twice may be read twice."""
-    monkeypatch.setattr(replay_module, "_REREAD_S", 0.05)
+    monkeypatch.setattr(order_position, "_REREAD_S", 0.05)
     files = {f"d/{i}.jpg": os.urandom(10_000) for i in range(6)}
     _hub, cache, first, fvs = _setup(tmp_path, files)
     replayer = Replayer(first._source, LinkReach(lambda: 0, lambda: None, 1e8), first._resolve,
