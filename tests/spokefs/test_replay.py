@@ -45,6 +45,19 @@ def _setup(tmp_path, files: dict[str, bytes], budget: int = 1 << 40):
     return hub, cache, replayer, fvs
 
 
+def _order_replayer(first: Replayer, *, budget: int, horizon: int) -> Replayer:
+    """A replayer of orders (a horizon) on ``first``'s source and namespace."""
+    return Replayer(first._source, LinkReach(lambda: 0, lambda: None, 1e8), first._resolve,
+                    small_file_bytes=1 << 20, request_bytes=REQUEST,
+                    max_inflight_bytes=64 << 20, budget_bytes=lambda: budget,
+                    horizon_bytes=lambda: horizon)
+
+
+def _picked(hub: FakeHub) -> int:
+    """Files the hub has sent in packs and picks."""
+    return sum(len(p) for p in hub.packs)
+
+
 async def _finished(replayer: Replayer) -> None:
     """Until no replay is resolving or running (what ``spokefs warm --trace`` polls)."""
     await poll_until(lambda: replayer.progress().state not in ("resolving", "running"), 0.01)
@@ -135,30 +148,24 @@ async def test_a_horizon_keeps_the_replay_that_far_ahead_of_the_job(tmp_path):
     size = 100_000
     files = {f"d{i % 7}/{i:03}.jpg": os.urandom(size) for i in range(60)}
     hub, cache, first, fvs = _setup(tmp_path, files)
-    replayer = Replayer(first._source, LinkReach(lambda: 0, lambda: None, 1e8), first._resolve,
-                        small_file_bytes=1 << 20, request_bytes=REQUEST,
-                        max_inflight_bytes=64 << 20, budget_bytes=lambda: 1 << 40,
-                        horizon_bytes=lambda: 10 * size)
+    replayer = _order_replayer(first, budget=1 << 40, horizon=10 * size)
     order = list(files)
-
-    def fetched() -> int:
-        return sum(len(p) for p in hub.packs)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(cache.run)
         await nursery.start(replayer.run)
         replayer.start([Entry(p, 0, 0, None) for p in order], "o")
-        await poll_until(lambda: fetched() >= 10, 0.01)
+        await poll_until(lambda: _picked(hub) >= 10, 0.01)
         await trio.sleep(0.3)  # it stays there while the job reads nothing
-        assert fetched() == 10 and replayer.progress().state == "running"
+        assert _picked(hub) == 10 and replayer.progress().state == "running"
         replayer.on_read(fvs[order[4]].file_id)  # the job is at file 5: 5 more may come
-        await poll_until(lambda: fetched() >= 15, 0.01)
+        await poll_until(lambda: _picked(hub) >= 15, 0.01)
         await trio.sleep(0.3)
-        assert fetched() == 15
+        assert _picked(hub) == 15
         replayer.on_read(fvs[order[2]].file_id)  # behind the furthest read: nothing changes
         replayer.on_read(fvs[order[-1]].file_id)  # the job read the last one: all may come
         await _finished(replayer)
-        assert replayer.progress().state == "done" and fetched() == 60
+        assert replayer.progress().state == "done" and _picked(hub) == 60
         # each pick a run of the order (picks started together may reach the hub in any order)
         ids = [fvs[p].file_id for p in order]
         runs = sorted(hub.packs, key=lambda pick: ids.index(pick[0][0]))
@@ -175,41 +182,35 @@ async def test_an_order_runs_past_the_cache_within_its_budget_ahead(tmp_path):
     size = 100_000
     files = {f"d{i % 7}/{i:03}.jpg": os.urandom(size) for i in range(40)}
     hub, cache, first, fvs = _setup(tmp_path, files)
-    replayer = Replayer(first._source, LinkReach(lambda: 0, lambda: None, 1e8), first._resolve,
-                        small_file_bytes=1 << 20, request_bytes=REQUEST,
-                        max_inflight_bytes=64 << 20, budget_bytes=lambda: 8 * size,
-                        horizon_bytes=lambda: 1 << 40)
+    replayer = _order_replayer(first, budget=8 * size, horizon=1 << 40)
     order = list(files)
-
-    def fetched() -> int:
-        return sum(len(p) for p in hub.packs)
 
     async with trio.open_nursery() as nursery:
         await nursery.start(cache.run)
         await nursery.start(replayer.run)
         replayer.start([Entry(p, 0, 0, None) for p in order], "o")
-        await poll_until(lambda: fetched() >= 8, 0.01)
+        await poll_until(lambda: _picked(hub) >= 8, 0.01)
         await trio.sleep(0.3)
-        assert fetched() == 8 and replayer.progress().over_budget_bytes == 0
+        assert _picked(hub) == 8 and replayer.progress().over_budget_bytes == 0
         assert replayer.progress().total_bytes == 40 * size
         assert not replayer.behind(fvs[order[0]].file_id)
         replayer.on_read(fvs[order[19]].file_id)
         assert replayer.behind(fvs[order[19]].file_id)
         assert not replayer.behind(fvs[order[0]].file_id)  # passed, not read: kept
         # the room: 8 files of the cache, and each file the job has read (one so far)
-        await poll_until(lambda: fetched() >= 9, 0.01)
+        await poll_until(lambda: _picked(hub) >= 9, 0.01)
         await trio.sleep(0.3)
-        assert fetched() == 9
+        assert _picked(hub) == 9
         for p in order[:19]:
             replayer.on_read(fvs[p].file_id)
         # now the budget ahead of file 20 is what holds it back
-        await poll_until(lambda: fetched() >= 28, 0.01)
+        await poll_until(lambda: _picked(hub) >= 28, 0.01)
         await trio.sleep(0.3)
-        assert fetched() == 28
+        assert _picked(hub) == 28
         for p in order[20:]:
             replayer.on_read(fvs[p].file_id)
         await _finished(replayer)
-        assert fetched() == 40 and replayer.progress().state == "done"
+        assert _picked(hub) == 40 and replayer.progress().state == "done"
         assert not replayer.behind(fvs[order[19]].file_id)  # over: no order says anything
         nursery.cancel_scope.cancel()
     cache.close()
@@ -221,10 +222,7 @@ async def test_an_order_fetched_whole_is_followed_until_its_job_has_read_it(tmp_
     none of it for ``_FOLLOW_S``."""
     files = {f"d/{i}.jpg": os.urandom(10_000) for i in range(6)}
     _hub, cache, first, fvs = _setup(tmp_path, files)
-    replayer = Replayer(first._source, LinkReach(lambda: 0, lambda: None, 1e8), first._resolve,
-                        small_file_bytes=1 << 20, request_bytes=REQUEST,
-                        max_inflight_bytes=64 << 20, budget_bytes=lambda: 1 << 40,
-                        horizon_bytes=lambda: 1 << 40)
+    replayer = _order_replayer(first, budget=1 << 40, horizon=1 << 40)
     order = list(files)
     async with trio.open_nursery() as nursery:
         await nursery.start(cache.run)
@@ -257,10 +255,7 @@ async def test_an_order_is_over_when_its_files_are_read_again(tmp_path, monkeypa
     monkeypatch.setattr(order_position, "_REREAD_S", 0.05)
     files = {f"d/{i}.jpg": os.urandom(10_000) for i in range(6)}
     _hub, cache, first, fvs = _setup(tmp_path, files)
-    replayer = Replayer(first._source, LinkReach(lambda: 0, lambda: None, 1e8), first._resolve,
-                        small_file_bytes=1 << 20, request_bytes=REQUEST,
-                        max_inflight_bytes=64 << 20, budget_bytes=lambda: 1 << 40,
-                        horizon_bytes=lambda: 20_000)
+    replayer = _order_replayer(first, budget=1 << 40, horizon=20_000)
     order = list(files)
     ids = [fvs[p].file_id for p in order]
     async with trio.open_nursery() as nursery:
