@@ -3,7 +3,7 @@ bytes the link carried (the emulator's counter), for chosen configurations of on
 ``results/train.jsonl``.
 
     python benchmarks/plot_epochs.py --line 23 --mode train --rtt 60 --run 1 \\
-        --configs local,spoke-cold,spoke-order --out benchmarks/results/order-train-60ms.png
+        --configs local,spoke-cold,spoke-order --out benchmarks/results/train-order-train-60ms.png
 
 Needs only matplotlib (not the spoke's environment): ``train.py --plots`` draws its own
 figures; this one redraws a recorded run, e.g. from a machine without matplotlib.
