@@ -209,8 +209,9 @@ _TWICE = ("Dataset twice the cache, 3 shuffled epochs, with the order: block hit
           "per epoch after the first (ideal 0.50; today 0.43-0.47 without it), link bytes per "
           "epoch <= 0.53 x the dataset.")
 TWICE_GOALS = (  # graded when spoke-2x-order ran
-    bl.Goal(_TWICE, "twice_hits", "spoke-2x-order: block hit ratio, worst epoch after the "
-            "first (worst mode)", ">=", 0.48),
+    bl.Goal(_TWICE, "twice_hits", "spoke-2x-order: kept (1 - link bytes / dataset: the block "
+            "hit ratio without the hits on what the order fetched ahead), worst epoch after "
+            "the first (worst mode)", ">=", 0.48),
     bl.Goal(_TWICE, "twice_link", "spoke-2x-order: link bytes / dataset, worst epoch after "
             "the first (worst mode)", "<=", 0.53),
 )
