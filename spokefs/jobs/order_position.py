@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 
 import trio
 
@@ -86,14 +87,15 @@ class OrderPosition:
 
     async def wait_room(self, nbytes: int) -> None:
         """Until ``nbytes`` more fit in the order's room."""
-        while not self.fits(nbytes):
-            if self._moved.is_set():
-                self._moved = trio.Event()
-            with trio.move_on_after(0.25):
-                await self._moved.wait()
+        await self._wait_until(lambda: self.fits(nbytes))
 
     async def wait(self, n: int, horizon: int) -> None:
-        while self.beyond(n, horizon):
+        """Until target ``n`` is within ``horizon`` of the job's reads."""
+        await self._wait_until(lambda: not self.beyond(n, horizon))
+
+    async def _wait_until(self, ready: Callable[[], bool]) -> None:
+        """Until ``ready()``, looked at again on each read of the job (and every 0.25 s)."""
+        while not ready():
             if self._moved.is_set():
                 self._moved = trio.Event()
             with trio.move_on_after(0.25):
