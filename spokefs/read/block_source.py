@@ -101,9 +101,10 @@ class BlockSource:
         self._claims = Claims()
         self._nursery: trio.Nursery | None = None
         self._pack_errors: OrderedDict[str, SpokeError] = OrderedDict()  # of demand packs
-        self._prefetched: OrderedDict[ChunkKey, tuple[int, int]] = OrderedDict()  # -> bytes,
-        # the file's size
-        self._waste = [0, 0]  # prefetched bytes, and those evicted unused, in the window
+        # prefetched chunks no read has used yet -> (their bytes, their file's size)
+        self._prefetched: OrderedDict[ChunkKey, tuple[int, int]] = OrderedDict()
+        self._window_bytes = 0  # prefetched lately (``speculation_pays``'s window)
+        self._wasted_bytes = 0  # of those, evicted before a read used them
         self._waste_checked = 0.0
         self._hold_until = 0.0
         self._hold_s = _WASTE_HOLD_S
@@ -191,7 +192,7 @@ class BlockSource:
         if now - self._waste_checked >= _WASTE_CHECK_S:
             self._waste_checked = now
             self._count_waste()
-            fetched, wasted = self._waste
+            fetched, wasted = self._window_bytes, self._wasted_bytes
             if fetched < _WASTE_WINDOW_BYTES // 4:
                 return True
             if wasted > _WASTE_MAX * fetched:
@@ -201,7 +202,7 @@ class BlockSource:
                          "the cache unread (a cache smaller than what the readers go "
                          "through)", self._hold_s, wasted, fetched)
                 self._hold_s = min(2 * self._hold_s, _WASTE_HOLD_MAX_S)
-                self._waste = [0, 0]
+                self._window_bytes = self._wasted_bytes = 0
                 return False
             if wasted < _WASTE_MAX / 4 * fetched:
                 self._hold_s = _WASTE_HOLD_S
@@ -217,7 +218,7 @@ class BlockSource:
             if not self._cache.present_chunks_now(FileVersion(fid, ver, size), ci, ci):
                 del self._prefetched[key]
                 gone += nbytes
-        self._waste[1] += gone
+        self._wasted_bytes += gone
 
     async def _demand(self, fv: FileVersion, missing: list[int]) -> None:
         """Fetch the chunks of the missing blocks that nobody else is fetching and stage
@@ -463,8 +464,9 @@ class BlockSource:
         for ci in chunks:
             nbytes = min(CHUNK_SIZE, size - ci * CHUNK_SIZE)
             self._prefetched[(fv.file_id, fv.version, ci)] = (nbytes, size)
-            self._waste[0] += nbytes
-        if self._waste[0] > _WASTE_WINDOW_BYTES:  # the window slides: halve both
-            self._waste = [self._waste[0] // 2, self._waste[1] // 2]
+            self._window_bytes += nbytes
+        if self._window_bytes > _WASTE_WINDOW_BYTES:  # the window slides: halve both
+            self._window_bytes //= 2
+            self._wasted_bytes //= 2
         while len(self._prefetched) > _TRACKED_PREFETCH_CHUNKS:
             self._prefetched.popitem(last=False)
