@@ -30,16 +30,23 @@ loader whose files are not found, or not on a spokefs mount, or that draws no in
 through a ``BatchSampler`` (``batch_size=None``, a batch sampler of its own), is left as it
 is, and one line at info says why.
 
-The sending is the thread's: the paths relative to the mount root (each once, where first
-drawn) go into a list file (``jobs.trace_file``; version 0: whatever is current), and its
-path to the mount, in ``getxattr(root, "user.spokefs.order:" + path)``; the daemon has read
-the file when the call returns. The list's header names the job (host, process, and which
-wrapper of the process), so that the mount replaces this loader's last order and leaves the
-orders of other loaders alone (the other ranks of a job, a validation loader). An epoch drawn
-while the last one is still being sent replaces it. A mount that fails (an older spokefs, one
-mounted with ``--no-prefetch``) is logged once at warning and never raised into the training
-loop. The thread lives only while there is something to send, so none is left running when
-the next epoch forks its workers.
+How it is sent: the paths relative to the mount root (each once, where first drawn) go into
+a list file (``jobs.trace_file``; version 0: whatever is current), and its path to the mount,
+in ``getxattr(root, "user.spokefs.order:" + path)``; the daemon has read the file when the
+call returns. The list's header names the job (host, process, and which wrapper of the
+process), so that the mount replaces this loader's last order and leaves the orders of other
+loaders alone (the other ranks of a job, a validation loader).
+
+The epoch's first ``HEAD_FILES`` files are sent at once, on the loop's own thread, before the
+first index reaches a worker (a few milliseconds): a worker's first miss would otherwise come
+before the order, and a fresh mount would answer it the way it answers a job it knows nothing
+of, with its directory's pack. The head goes as an order of a job of its own (the job's name
+and ``:head``), so that the whole order, which follows from a background thread (a million
+files take a second to write), does not replace it while its picks are on the link. An epoch
+drawn while the last one is still being sent replaces it. A mount that fails (an older
+spokefs, one mounted with ``--no-prefetch``) is logged once at warning and never raised into
+the training loop. The thread lives only while there is something to send, so none is left
+running when the next epoch forks its workers.
 
 Imports neither torch nor pyfuse3, and ``jobs.trace_file`` (with the spoke's modules beneath
 it) only for a loader that has a mount to tell: a job on none pays for none of them.
@@ -65,6 +72,7 @@ _ORDER_START = "user.spokefs.order:"
 _NAME_MAX = 255  # XATTR_NAME_MAX: the list file's path must fit in the attribute's name
 _TEMP_NAME = len("/spokefs-order-12345678.trace")  # what mkstemp adds to its directory
 _wrappers = itertools.count(1)  # which wrapper of the process: part of the job's name
+HEAD_FILES = 512  # an epoch's first files, announced before its first index is handed out
 
 PathOf = Callable[[Any], Any]
 
@@ -136,7 +144,7 @@ class _OrderSampler:
             return
         epoch = list(itertools.islice(drawn, n))
         if epoch:
-            self._announcer.submit(epoch)
+            self._announcer.announce(epoch)
         yield from epoch
         yield from drawn
 
@@ -168,6 +176,18 @@ class _Announcer:
         self._sending = False
         self._warned = False
 
+    def announce(self, order: list[Any]) -> None:
+        """Send ``order`` (dataset indices): its first ``HEAD_FILES`` files now, before any
+        of its indices reaches a worker, and the whole of it soon (``submit``)."""
+        head = order if len(order) <= HEAD_FILES else order[:HEAD_FILES]
+        try:
+            self._send(head, "" if head is order else ":head")
+        except Exception as exc:  # a dataset's lookup, the mount: never into the loop
+            self._warn_once("the first %d samples of an epoch were not announced to the "
+                            "mount at %s: %s", len(head), self._root, exc)
+        if head is not order:
+            self.submit(order)
+
     def submit(self, order: list[Any]) -> None:
         """Send ``order`` (dataset indices) soon, in place of one not sent yet; returns at
         once."""
@@ -191,16 +211,21 @@ class _Announcer:
                 self._warn_once("the order of %d samples was not sent to the mount at %s: "
                                 "%s", len(order), self._root, exc)
 
-    def _send(self, order: list[Any]) -> None:
+    def _send(self, order: list[Any], part: str = "") -> None:
+        """Send the files of ``order`` as the order of this wrapper's job (``part``: of a
+        job of its own beside it, the head's)."""
         prefix, cut = self._prefix, len(self._prefix)
         files: dict[str, None] = {}  # insertion order: where each file is first drawn
         for i in order:
-            path = os.path.abspath(os.fsdecode(self._path_of(i)))
+            path = os.fsdecode(self._path_of(i))
+            if not path.startswith(prefix) or "/." in path or "//" in path or \
+                    path.endswith("/"):
+                path = os.path.abspath(path)  # (abspath costs a microsecond a file)
             if path.startswith(prefix):
                 files.setdefault(path[cut:])
         if not files:
             return
-        job = f"{socket.gethostname()}:{os.getpid()}:{self._wrapper}"
+        job = f"{socket.gethostname()}:{os.getpid()}:{self._wrapper}{part}"
         raw = self._dumps([self._entry(f, 0, 0, None) for f in files],
                           source="spokefs.torch", job=job)
         order_id = _announce(self._root, raw)

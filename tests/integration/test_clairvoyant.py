@@ -1,8 +1,9 @@
 """``spokefs.torch.clairvoyant`` on a real mount of a real hub, with a real DataLoader (two
 worker processes): each epoch's order reaches the mount as the sampler draws it, the mount
 fetches it ahead of the workers (their reads hit blocks of the replay's origin), and every
-sample is the source file's bytes. A job that stops early leaves an order whose fetching
-stays within the data set (the bound beyond that is the spoke's to decide)."""
+sample is the source file's bytes; the epoch's first files are announced before a worker
+reads one, so the mount makes no guesses of its own. A job that stops early leaves an order
+whose fetching stays within the data set (the bound beyond that is the spoke's to decide)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from spokefs import torch as spokefs_torch
 from spokefs.torch import clairvoyant
 from tests.helpers.procs import free_port
 
@@ -63,19 +65,10 @@ def export(tmp_path: Path) -> tuple[Path, dict[str, str]]:
     return root, digests
 
 
-def slow_start(worker_id: int) -> None:
-    """A worker that starts reading a second after it is forked, as a job's workers do that
-    import and set up first. The order is drawn and sent as the workers are forked; on this
-    loopback link a worker that read at once would set off the spoke's directory fills
-    (``read.dir_fill``: every directory the first misses touch), which bring a data set this
-    small whole before the order is there: the order's effect would not be seen."""
-    time.sleep(1.0)
-
-
 def loader_of(mnt: Path, names: list[str]) -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(
         Folder(mnt, names), batch_size=16, shuffle=True, num_workers=2, collate_fn=keep_as_list,
-        worker_init_fn=slow_start, multiprocessing_context="fork",
+        multiprocessing_context="fork",
         timeout=120)  # a hung worker fails the test
 
 
@@ -83,9 +76,15 @@ def orders(mnt: Path) -> list[dict]:
     return json.loads(os.getxattr(mnt, "user.spokefs.order"))
 
 
-def our_order(mnt: Path) -> dict | None:
-    mine = [p for p in orders(mnt) if f":{os.getpid()}:" in p["job"]]
-    return mine[-1] if mine else None
+def our_order(mnt: Path, wait_s: float = 10.0) -> dict | None:
+    """This process's order (the whole epoch's, not its head's), once the mount has it."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        mine = [p for p in orders(mnt)
+                if f":{os.getpid()}:" in p["job"] and not p["job"].endswith(":head")]
+        if mine or time.monotonic() > deadline:
+            return mine[-1] if mine else None
+        time.sleep(0.05)
 
 
 def metric(port: int, series: str) -> float:
@@ -96,8 +95,19 @@ def metric(port: int, series: str) -> float:
     return float(samples[series])
 
 
-def test_an_epoch_read_in_its_announced_order(export, hub_factory, mount_factory):
+def test_an_epoch_read_in_its_announced_order(export, hub_factory, mount_factory,
+                                              monkeypatch):
     root, digests = export
+    # the head of the epoch goes at once, the whole order late (as a million files would)
+    monkeypatch.setattr(spokefs_torch, "HEAD_FILES", 64)
+    announce = spokefs_torch._announce
+
+    def late_whole(where: str, raw: bytes) -> int:
+        if b':head"' not in raw.split(b"\n", 1)[0]:
+            time.sleep(0.5)
+        return announce(where, raw)
+
+    monkeypatch.setattr(spokefs_torch, "_announce", late_whole)
     hub = hub_factory(root=root)
     port = free_port()
     mnt = mount_factory(hub.url, "--metrics-port", str(port)).mnt
@@ -116,8 +126,12 @@ def test_an_epoch_read_in_its_announced_order(export, hub_factory, mount_factory
     assert order["entries"] == N_FILES and order["missing"] == order["changed"] == 0, order
     assert order["state"] in ("running", "done"), order
     assert order["name"].startswith("spokefs-order-"), order
-    assert order["fetched_bytes"] > 0, order
+    mine = [p for p in orders(mnt) if f":{os.getpid()}:" in p["job"]]  # the head's too
+    assert sum(p["fetched_bytes"] for p in mine) > 0, mine
     assert metric(port, 'spokefs_block_hits_total{origin="replay"}') > 0
+    # the order came before the workers' first reads: the mount made no guesses of its own
+    # (a miss's directory pack, the fills of the directories the first misses touch)
+    assert metric(port, "spokefs_prefetch_issued_bytes_total") == 0
 
 
 def test_a_job_that_stops_early_fetches_within_the_data_set(export, hub_factory,

@@ -186,6 +186,37 @@ def test_the_order_is_the_order_of_the_reads(root, mount):
         assert mount.wait(n) == rel(root, ds.read)
 
 
+def test_the_head_of_a_long_epoch_is_there_before_its_first_read(root, mount, monkeypatch):
+    """An epoch longer than ``HEAD_FILES``: its first files are announced (as a job of their
+    own) before the loader reads a sample, then the whole epoch follows as the job's order."""
+    monkeypatch.setattr(spokefs_torch, "HEAD_FILES", 10)
+
+    def slow_whole(where: str, raw: bytes) -> int:  # the whole order, late
+        if b':head"' not in raw.split(b"\n", 1)[0]:
+            time.sleep(0.2)
+        return mount.announce(where, raw)
+
+    monkeypatch.setattr(spokefs_torch, "_announce", slow_whole)
+
+    class Watched(Files):
+        def __getitem__(self, i: int):
+            if not self.read:
+                self.orders_at_first_read = len(mount.orders)
+            return super().__getitem__(i)
+
+    ds = Watched(root)
+    wrapped = clairvoyant(data.DataLoader(ds, batch_size=4, shuffle=True))
+    for n in (1, 2):
+        ds.read.clear()
+        for _ in wrapped:
+            pass
+        assert ds.orders_at_first_read == 2 * n - 1  # this epoch's head, sent at once
+        whole = mount.wait(2 * n)
+        (_, head_of, head), (_, whole_of, _) = mount.orders[2 * n - 2:2 * n]
+        assert whole == rel(root, ds.read) and head == whole[:10]
+        assert head_of["job"] == whole_of["job"] + ":head"
+
+
 def test_a_distributed_sampler_gets_its_epochs_and_announces_its_share(root, mount):
     ds = Files(root)
 
