@@ -39,8 +39,9 @@ class PrefetchConfig:
         assumed_link_bytes_per_s: the link rate that directory fills and new sequential
             streams assume until it is measured (1 Gbit/s, the links this is built for; see
             ``link_model.LinkReach``).
-        warm_interval_s: how often the hub client touches its idle connections to keep them
-            open (under hubd's 15 s keep-alive timeout).
+        warm_interval_s: how long the hub client lets an idle connection it keeps open go
+            untouched, at most (it touches those unused for half of this; under hubd's 15 s
+            keep-alive timeout).
         warm_connections: connections opened while the namespace downloads at mount (32 x
             a 4 MiB TCP window per 900 ms round trip carry ~150 MB/s).
     """

@@ -416,9 +416,9 @@ class HubClient:
 
     async def keep_warm(self, connections: Callable[[], int], interval_s: float, *,
                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Keep about ``connections()`` connections to the hub open: a request at once, and
-        again every ``interval_s`` (under the hub's keep-alive timeout), on each of that many
-        connections at the same time, so that each uses its own.
+        """Keep about ``connections()`` connections to the hub open: ``warm_up`` at once and
+        every quarter of ``interval_s``, touching the idle connections unused for half of it
+        (so none waits longer than three quarters of it: under the hub's keep-alive timeout).
 
         On a long link a new connection costs 1.5 round trips before its first request goes
         out (1.35 s at 900 ms): a burst of fills or reads that finds its connections open
@@ -426,19 +426,27 @@ class HubClient:
         """
         task_status.started()
         while True:
-            await self.warm_up(connections(), interval_s)
-            await trio.sleep(interval_s)
+            await self.warm_up(connections(), interval_s, idle_s=interval_s / 2)
+            await trio.sleep(interval_s / 4)
 
-    async def warm_up(self, connections: int, deadline_s: float) -> None:
-        """Open (or touch) ``connections`` connections to the hub at once; never raises."""
+    async def warm_up(self, connections: int, deadline_s: float, idle_s: float = 0.0) -> None:
+        """Bring the connections to the hub up to ``connections``, and touch the idle ones
+        unused for ``idle_s``, all at once; never raises. Only those: a touch holds its
+        connection for a round trip, and a reader's request that finds none idle meanwhile
+        opens one (at 900 ms, touching every connection as a job started cost its first
+        batch a round trip)."""
+        origin = self._data_hubs[self.origins.current()]
+        open_now, stale = origin.usage(idle_s) if idle_s > 0 else (0, 0)
         with trio.move_on_after(deadline_s):
             async with trio.open_nursery() as nursery:
-                for _ in range(connections):
-                    nursery.start_soon(self._touch)
+                for _ in range(stale):
+                    nursery.start_soon(self._touch, origin, "oldest")
+                for _ in range(max(0, connections - open_now)):
+                    nursery.start_soon(self._touch, origin, "new")
 
-    async def _touch(self) -> None:
+    async def _touch(self, origin: wire.Origin, on: str) -> None:
         try:
-            async with self._data_hubs[self.origins.current()].get(protocol.HEALTH_PATH) as resp:
+            async with origin.get(protocol.HEALTH_PATH, on=on) as resp:
                 self._received(len(await resp.read(_ERROR_BODY_MAX)))
         except (wire.TransportError, wire.AnswerTooLong):
             pass  # a hub that is away is noticed by real requests

@@ -31,8 +31,8 @@ import trio
 _HEAD_MAX = 64 << 10  # an answer's status line and headers
 _RECEIVE = 1 << 20  # bytes per receive when the length is not known
 _CHUNK_LINE_MAX = 4096
-# An idle connection is closed after this long: above the interval at which the hub client
-# keeps its connections warm (10 s), below hubd's idle timeout (15 s), far below a NAT's.
+# An idle connection is closed after this long: above the longest the hub client leaves one
+# it keeps warm untouched (7.5 s), below hubd's idle timeout (15 s), far below a NAT's.
 IDLE_EXPIRY_S = 12.0
 
 
@@ -279,15 +279,24 @@ class Origin:
         self._idle: list[_Connection] = []
         self._max_idle = max_connections
 
+    def usage(self, idle_s: float) -> tuple[int, int]:
+        """Connections open or opening (idle and busy), and the idle ones unused for at
+        least ``idle_s``."""
+        now = trio.current_time()
+        busy = self._max_idle - self._slots.value
+        return busy + len(self._idle), sum(now - c.idle_since >= idle_s for c in self._idle)
+
     @contextlib.asynccontextmanager
-    async def get(self, path: str, headers: dict[str, str] | None = None
-                  ) -> AsyncIterator[Answer]:
+    async def get(self, path: str, headers: dict[str, str] | None = None, *,
+                  on: str = "newest") -> AsyncIterator[Answer]:
         """``GET path`` (with extra ``headers``): its answer, whose body the caller reads
-        inside the block (a connection whose answer was not read to the end is closed)."""
+        inside the block (a connection whose answer was not read to the end is closed).
+        ``on``: the idle connection it goes on, the most recently used (``newest``), the
+        least (``oldest``: a touch that keeps it open), or a new one (``new``)."""
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         request = f"GET {self._prefix}{path} HTTP/1.1\r\n{self._head}{extra}\r\n".encode()
         async with self._slots:
-            answer = await self._send(request)
+            answer = await self._send(request, on)
             try:
                 yield answer
             except BaseException:
@@ -299,9 +308,9 @@ class Origin:
             else:
                 await answer._conn.aclose()
 
-    async def _send(self, request: bytes) -> Answer:
-        while self._idle:
-            conn = self._idle.pop()
+    async def _send(self, request: bytes, on: str) -> Answer:
+        while self._idle and on != "new":
+            conn = self._idle.pop(0 if on == "oldest" else -1)
             if (trio.current_time() - conn.idle_since > IDLE_EXPIRY_S
                     or conn.closed_by_peer()):
                 await conn.aclose()

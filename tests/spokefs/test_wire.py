@@ -301,3 +301,50 @@ async def test_an_idle_connection_expires(server: RawServer, monkeypatch) -> Non
     assert (await get(o))[1] == b"ok"
     await o.aclose()
     assert server.connections == 2
+
+
+async def test_a_request_goes_on_the_newest_idle_connection_the_oldest_or_a_new_one(
+        server: RawServer) -> None:
+    seen: list[int] = []  # the server-side port of each request's connection
+
+    def script(conn: socket.socket, _req: bytes) -> bool:
+        seen.append(conn.getpeername()[1])
+        conn.sendall(answer(b"ok", "Content-Length: 2"))
+        return True
+
+    server.script = script
+    o = wire.Origin(server.url, {}, timeout_s=5.0, connect_timeout_s=5.0, max_connections=4)
+    async with trio.open_nursery() as nursery:  # two connections, both idle after
+        for _ in range(2):
+            nursery.start_soon(get, o)
+    first, second = seen
+    assert o.usage(0.0) == (2, 2)
+    await get(o)  # the newest
+    newest = seen[-1]
+    async with o.get("/x", on="oldest") as resp:
+        await resp.read(16)
+    assert seen[-1] == ({first, second} - {newest}).pop()
+    assert o.usage(60.0) == (2, 0)  # none idle for a minute
+    async with o.get("/x", on="new") as resp:
+        await resp.read(16)
+    assert server.connections == 3 and o.usage(0.0) == (3, 3)
+    await o.aclose()
+
+
+async def test_keeping_warm_touches_only_connections_nobody_used_lately(
+        server: RawServer, monkeypatch) -> None:
+    from spokefs.hub.client import HubClient
+
+    server.script = replies(answer(b"ok", "Content-Length: 2"))
+    hub = HubClient(server.url, token=None, max_connections=8, request_timeout_s=5.0,
+                    deadline_s=5.0)
+    await hub.warm_up(3, 5.0)  # at mount: three new ones
+    assert server.connections == 3 and len(server.requests) == 3
+    await hub.warm_up(3, 5.0, idle_s=1.0)  # all used just now: nothing to do
+    assert server.connections == 3 and len(server.requests) == 3
+    await hub.warm_up(5, 5.0, idle_s=1.0)  # two more wanted: two new ones
+    assert server.connections == 5 and len(server.requests) == 5
+    await trio.sleep(0.3)
+    await hub.warm_up(5, 5.0, idle_s=0.2)  # unused for 0.2 s: each touched, on itself
+    assert server.connections == 5 and len(server.requests) == 10
+    await hub.aclose()
