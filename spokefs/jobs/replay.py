@@ -64,6 +64,12 @@ _MIN_INFLIGHT_BYTES = 8 << 20
 # an order fetched whole is followed while its job reads a file of it at least this often
 _FOLLOW_S = 10.0
 _EARLY_READS = 1 << 16  # reads kept while an order resolves
+# The first picks of a list are small: at its start everything is requested at once and
+# shares the link, so a pick arrives in about its size over the link's share of one request;
+# the job's first batch is in the first few. 32 picks of 512 KiB at most, then up to
+# ``PACK_MAX_BYTES`` (a pick's cut depends on the list alone: nodes of one trace share URLs).
+_FIRST_PICK_BYTES = 512 << 10
+_FIRST_PICKS_SPAN = 16 << 20
 _INITIAL_INFLIGHT_BYTES = 64 << 20  # as directory fills: 1 Gbit/s x 0.5 s, until measured
 
 
@@ -306,6 +312,7 @@ class Replayer:
         pick: list[tuple[int, int, int]] = []
         in_pick: set[int] = set()
         nbytes = 0
+        listed = 0  # bytes of the targets so far: the first ones go in small picks
         for n, t in enumerate(targets):
             if n % 256 == 0:
                 await trio.lowlevel.checkpoint()  # a long run of cached files must not
@@ -319,6 +326,7 @@ class Replayer:
                         pick, in_pick, nbytes = [], set(), 0
                     await self._ahead.wait(n, horizon)
             fv = t.fv
+            listed += fv.size
             if t.extents is None and protocol.packable(fv.size) and fv.size <= self._small:
                 if fv.file_id in in_pick or self._source.busy_or_cached(fv):
                     self._done(progress, fv.size)
@@ -332,8 +340,8 @@ class Replayer:
                     if self._source.busy_or_cached(fv):  # its reader came first
                         self._done(progress, fv.size)
                         continue
-                if pick and (nbytes + fv.size > protocol.PACK_MAX_BYTES
-                             or len(pick) == protocol.PICK_MAX_FILES):
+                most = _FIRST_PICK_BYTES if listed <= _FIRST_PICKS_SPAN else protocol.PACK_MAX_BYTES
+                if pick and (nbytes + fv.size > most or len(pick) == protocol.PICK_MAX_FILES):
                     await self._launch_picks(nursery, progress, pick)
                     pick, in_pick, nbytes = [], set(), 0
                 pick.append((fv.file_id, fv.version, fv.size))
