@@ -77,12 +77,13 @@ def orders(mnt: Path) -> list[dict]:
 
 
 def our_order(mnt: Path, wait_s: float = 10.0) -> dict | None:
-    """This process's order (the whole epoch's, not its head's), once the mount has it."""
+    """This process's order (the whole epoch's, not its head's), once the mount has it and
+    has resolved it."""
     deadline = time.monotonic() + wait_s
     while True:
         mine = [p for p in orders(mnt)
                 if f":{os.getpid()}:" in p["job"] and not p["job"].endswith(":head")]
-        if mine or time.monotonic() > deadline:
+        if (mine and mine[-1]["state"] != "resolving") or time.monotonic() > deadline:
             return mine[-1] if mine else None
         time.sleep(0.05)
 
