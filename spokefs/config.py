@@ -42,8 +42,11 @@ class PrefetchConfig:
         warm_interval_s: how long the hub client lets an idle connection it keeps open go
             untouched, at most (it touches those unused for half of this; under hubd's 15 s
             keep-alive timeout).
-        warm_connections: connections opened while the namespace downloads at mount (32 x
-            a 4 MiB TCP window per 900 ms round trip carry ~150 MB/s).
+        warm_connections: connections opened while the namespace downloads at mount: as
+            many as the prefetcher keeps open at most (``prefetcher._MAX_WARM``), so that
+            none is still being opened when a job starts at once (64 x a 4 MiB TCP window
+            per 900 ms round trip carry ~300 MB/s: the first requests of an order, which
+            puts about three times the bandwidth-delay product in flight).
     """
 
     window_initial_bytes: int = 512 << 10
@@ -53,7 +56,7 @@ class PrefetchConfig:
     small_file_bytes: int = 1 << 20
     assumed_link_bytes_per_s: float = 125e6
     warm_interval_s: float = 10.0
-    warm_connections: int = 32
+    warm_connections: int = 64
     enabled: bool = True
 
 
