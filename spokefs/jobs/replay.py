@@ -65,11 +65,13 @@ _MIN_INFLIGHT_BYTES = 8 << 20
 _FOLLOW_S = 10.0
 _EARLY_READS = 1 << 16  # reads kept while an order resolves
 # The first picks of a list are small: at its start everything is requested at once and
-# shares the link, so a pick arrives in about its size over the link's share of one request;
-# the job's first batch is in the first few. 32 picks of 512 KiB at most, then up to
-# ``PACK_MAX_BYTES`` (a pick's cut depends on the list alone: nodes of one trace share URLs).
+# shares the link, and a pick arrives in about its size over one connection's share of it
+# (at 900 ms a 4 MiB window carries 4.6 MB/s: a 3.75 MiB pick takes two round trips). A pick
+# holds at most a sixteenth of the list's bytes before its end, and at least 512 KiB: 16 of
+# those for the first 8 MiB, then growing to ``PACK_MAX_BYTES`` at 60 MiB (about 50 picks
+# where there were 16). The cut depends on the list alone: the nodes of a trace share URLs.
 _FIRST_PICK_BYTES = 512 << 10
-_FIRST_PICKS_SPAN = 16 << 20
+_PICK_GROWTH = 16
 _INITIAL_INFLIGHT_BYTES = 64 << 20  # as directory fills: 1 Gbit/s x 0.5 s, until measured
 
 
@@ -340,7 +342,8 @@ class Replayer:
                     if self._source.busy_or_cached(fv):  # its reader came first
                         self._done(progress, fv.size)
                         continue
-                most = _FIRST_PICK_BYTES if listed <= _FIRST_PICKS_SPAN else protocol.PACK_MAX_BYTES
+                most = min(protocol.PACK_MAX_BYTES,
+                           max(_FIRST_PICK_BYTES, listed // _PICK_GROWTH))
                 if pick and (nbytes + fv.size > most or len(pick) == protocol.PICK_MAX_FILES):
                     await self._launch_picks(nursery, progress, pick)
                     pick, in_pick, nbytes = [], set(), 0

@@ -11,6 +11,7 @@ import os
 import trio
 from spoke_fakes import FakeHub, poll_until
 
+from spokefs import protocol
 from spokefs.cache.block_cache import ORIGIN_REPLAY, BlockCache
 from spokefs.config import CHUNK_SIZE
 from spokefs.hub.link_model import LinkReach
@@ -109,6 +110,27 @@ async def test_first_access_order_packs_and_extents(tmp_path):
     assert again.id == p.id + 1 and again.fetched_bytes == 0
     assert again.done_bytes == again.total_bytes == p.total_bytes
     assert (len(hub.calls), len(hub.packs)) == (calls, packs)
+    cache.close()
+
+
+async def test_the_first_picks_of_a_list_are_small_and_grow(tmp_path):
+    """The job's first files do not wait in a full pick: a pick holds at most a sixteenth of
+    the list's bytes up to its end (512 KiB at least), until picks are full (at 60 MiB)."""
+    size = 200_000
+    files = {f"d{i % 8}/{i}.jpg": os.urandom(size) for i in range(400)}  # 80 MB
+    hub, cache, replayer, fvs = _setup(tmp_path, files)
+    order = list(files)
+    await _replay(replayer, cache, [Entry(p, 1, size, None) for p in order])
+    ids = [fvs[p].file_id for p in order]
+    picks = sorted(hub.packs, key=lambda pick: ids.index(pick[0][0]))
+    assert [f for pick in picks for f, _ in pick] == ids  # each a run of the order, all there
+    listed = 0
+    for pick in picks:
+        listed += len(pick) * size
+        most = min(protocol.PACK_MAX_BYTES, max(512 << 10, listed // 16))
+        assert len(pick) * size <= most
+    assert [len(p) for p in picks[:2]] == [2, 2]  # 512 KiB: two of these files
+    assert max(len(p) for p in picks) == protocol.PACK_MAX_BYTES // size  # full ones later
     cache.close()
 
 
