@@ -42,11 +42,13 @@ first index reaches a worker (a few milliseconds): a worker's first miss would o
 before the order, and a fresh mount would answer it the way it answers a job it knows nothing
 of, with its directory's pack. The head goes as an order of a job of its own (the job's name
 and ``:head``), so that the whole order, which follows from a background thread (a million
-files take a second to write), does not replace it while its picks are on the link. An epoch
-drawn while the last one is still being sent replaces it. A mount that fails (an older
-spokefs, one mounted with ``--no-prefetch``) is logged once at warning and never raised into
-the training loop. The thread lives only while there is something to send, so none is left
-running when the next epoch forks its workers.
+files take a second to write), does not replace it while its picks are on the link; its
+header says ``"part": "head"``, and the mount fetches it only into room the cache does not
+use (what the cache holds may be the epoch's later files, which only the whole order
+names). An epoch drawn while the last one is still being sent replaces it. A mount that
+fails (an older spokefs, one mounted with ``--no-prefetch``) is logged once at warning and
+never raised into the training loop. The thread lives only while there is something to
+send, so none is left running when the next epoch forks its workers.
 
 Imports neither torch nor pyfuse3, and ``jobs.trace_file`` (with the spoke's modules beneath
 it) only for a loader that has a mount to tell: a job on none pays for none of them.
@@ -227,7 +229,7 @@ class _Announcer:
             return
         job = f"{socket.gethostname()}:{os.getpid()}:{self._wrapper}{part}"
         raw = self._dumps([self._entry(f, 0, 0, None) for f in files],
-                          source="spokefs.torch", job=job)
+                          source="spokefs.torch", job=job, **({"part": "head"} if part else {}))
         order_id = _announce(self._root, raw)
         log.debug("order %d of job %s: %d files on %s", order_id, job, len(files), self._root)
 

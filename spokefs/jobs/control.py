@@ -131,7 +131,8 @@ class JobControl:
         path = _path(name[len(ORDER_START):])
         head, entries = await self._load(path, uid)
         job = str(head.get("job") or path.name)[:200]
-        return str(self._orders.start(job, entries, path.name)).encode()
+        return str(self._orders.start(job, entries, path.name,
+                                      head=head.get("part") == "head")).encode()
 
     async def _load(self, path: Path, uid: int) -> tuple[dict[str, object], list[Entry]]:
         """A trace file the caller may read, parsed (in a worker thread)."""

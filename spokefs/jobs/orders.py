@@ -57,9 +57,9 @@ class Orders:
             task_status.started()
             await trio.sleep_forever()
 
-    def start(self, job: str, entries: list[Entry], name: str) -> int:
+    def start(self, job: str, entries: list[Entry], name: str, *, head: bool = False) -> int:
         """Fetch ``entries`` in their order for ``job`` (replacing its earlier order); the
-        order's id (its replayer's)."""
+        order's id (its replayer's). ``head``: see ``Replayer.start``."""
         if self._nursery is None:
             raise RuntimeError("Orders.run is not running")
         kept = self._jobs.pop(job, None)
@@ -72,7 +72,8 @@ class Orders:
                 log.info("order of job %s forgotten (more than %d jobs)", old, MAX_JOBS)
             kept = (replayer, scope)
         self._jobs[job] = kept
-        return kept[0].start(entries, name)
+        self._last_running = time.monotonic()  # ran, if only for an instant (``running``)
+        return kept[0].start(entries, name, head=head)
 
     def progress(self) -> list[dict[str, object]]:
         """Each job's current (or last) order, oldest announcement first."""

@@ -169,17 +169,18 @@ class Replayer:
         self.since = 0  # the cache's access clock when the current replay started
         self._ids = itertools.count(1)
         self._progress = Progress()
-        self._pending: tuple[Progress, list[Entry]] | None = None
+        self._pending: tuple[Progress, list[Entry], bool] | None = None
         self._scope: trio.CancelScope | None = None
         self._wake = trio.Event()
 
     # -- control (synchronous) ----------------------------------------------------------
 
-    def start(self, entries: list[Entry], name: str) -> int:
-        """Replay ``entries`` (replacing a replay that runs); its id."""
+    def start(self, entries: list[Entry], name: str, *, head: bool = False) -> int:
+        """Replay ``entries`` (replacing a replay that runs); its id. ``head``: an order that
+        is the first files of a longer one, which follows (``spokefs.torch``)."""
         progress = Progress(id=next(self._ids), name=name, state="resolving",
                             entries=len(entries))
-        self._pending = (progress, entries)
+        self._pending = (progress, entries, head)
         self._progress = progress
         self._ahead = None  # what the job read of its last order says nothing of this one
         self.since = self._source.tick()  # the cache's clock when the order came
@@ -248,11 +249,11 @@ class Replayer:
             self._wake = trio.Event()
             if self._pending is None:
                 continue
-            progress, entries = self._pending
+            progress, entries, head = self._pending
             self._pending = None
             with trio.CancelScope() as scope:
                 self._scope = scope
-                await self._replay(progress, entries)
+                await self._replay(progress, entries, head)
             self._scope = None
             if scope.cancelled_caught:
                 self._ahead = None
@@ -261,7 +262,7 @@ class Replayer:
                 log.info("replay %d (%s) stopped at %d of %d bytes", progress.id,
                          progress.name, progress.done_bytes, progress.total_bytes)
 
-    async def _replay(self, progress: Progress, entries: list[Entry]) -> None:
+    async def _replay(self, progress: Progress, entries: list[Entry], head: bool) -> None:
         started = time.monotonic()
         try:
             resolved = await trio.to_thread.run_sync(self._resolve, entries)
@@ -278,8 +279,13 @@ class Replayer:
         progress.total_bytes = sum(t.nbytes(EXTENT_BYTES) for t in targets)
         self._ahead = None
         if self._horizon is not None:
-            # the cache's room for the order's files: what it does not hold of them now
-            cached = await self._source.cached_bytes([t.fv for t in targets])
+            # the cache's room for the order's files: what it does not hold of them now; for
+            # a head, only what it does not hold at all (the rest may be the epoch's files)
+            if head:
+                stats = self._source.statistics()
+                cached = stats.bytes_used - stats.pinned_bytes
+            else:
+                cached = await self._source.cached_bytes([t.fv for t in targets])
             self._ahead = ahead = OrderPosition(targets, max(0, self._budget() - cached))
             for file_id in self._early or ():
                 ahead.on_read(file_id)

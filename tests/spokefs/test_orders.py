@@ -34,6 +34,24 @@ def _done(orders: Orders, job: str) -> bool:
     return p is not None and p["state"] not in ("resolving", "running")
 
 
+async def test_an_order_read_whole_before_anyone_asked_still_gives_its_grace(tmp_path):
+    """The head of an epoch can be fetched and read in an instant, before any miss asks
+    whether an order runs: the mount's guesses stand aside from the order's start on."""
+    files = {f"d/{i}.jpg": os.urandom(20_000) for i in range(4)}
+    _hub, cache, orders, _flight = _orders(tmp_path, files)
+    ids = {p: n + 1 for n, p in enumerate(files)}  # as ``_setup`` numbers them
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        await nursery.start(orders.run)
+        orders.start("job:head", [Entry(p, 0, 0, None) for p in files], "head")
+        await poll_until(lambda: _done(orders, "job:head"), 0.01)
+        for p in files:
+            orders.on_read(ids[p])
+        assert not any(r.following() for r, _ in orders._jobs.values())
+        assert orders.running()
+        nursery.cancel_scope.cancel()
+
+
 async def test_each_job_has_its_order_and_a_new_one_replaces_its_last(tmp_path, monkeypatch):
     files = {f"d{i % 3}/{i}.jpg": os.urandom(20_000 + i) for i in range(12)}
     _hub, cache, orders, flight = _orders(tmp_path, files)

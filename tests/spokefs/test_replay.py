@@ -238,6 +238,42 @@ async def test_an_order_runs_past_the_cache_within_its_budget_ahead(tmp_path):
     cache.close()
 
 
+async def test_a_head_fetches_only_into_room_the_cache_does_not_use(tmp_path):
+    """The head of an epoch (its first files, sent before the whole order) does not know what
+    the rest of the epoch is: what the cache holds may be those files, so a head fetches only
+    into the budget's free room and what the job has read, where a whole order counts what
+    the cache holds of other files as room."""
+    size = 100_000
+    files = {f"d/{i:03}.jpg": os.urandom(size) for i in range(20)}
+    hub, cache, first, fvs = _setup(tmp_path, files)
+    order = list(files)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        await nursery.start(first.run)
+        first.start([Entry(p, 0, 0, None) for p in order[10:]], "the rest of the epoch")
+        await _finished(first)
+        await cache.flush()
+        before = _picked(hub)
+        head = _order_replayer(first, budget=11 * size, horizon=1 << 40)
+        await nursery.start(head.run)
+        head.start([Entry(p, 0, 0, None) for p in order[:6]], "o", head=True)
+        await poll_until(lambda: _picked(hub) >= before + 1, 0.01)
+        await trio.sleep(0.3)
+        assert _picked(hub) == before + 1  # 10 files held: room for 1
+        head.on_read(fvs[order[0]].file_id)  # each file the job reads makes room for one
+        await poll_until(lambda: _picked(hub) >= before + 2, 0.01)
+        await trio.sleep(0.3)
+        assert _picked(hub) == before + 2
+        head.stop()
+        whole = _order_replayer(first, budget=11 * size, horizon=1 << 40)
+        await nursery.start(whole.run)
+        whole.start([Entry(p, 0, 0, None) for p in order[:6]], "o")
+        await _finished(whole)
+        assert _picked(hub) == before + 6  # the 10 held are not its files: room for all
+        nursery.cancel_scope.cancel()
+    cache.close()
+
+
 async def test_an_order_fetched_whole_is_followed_until_its_job_has_read_it(tmp_path):
     """Once an order is fetched, the job still reads the rest of it: the mount's own guesses
     keep standing aside (``following``) until the job has read every file of it, or has read

@@ -215,6 +215,7 @@ def test_the_head_of_a_long_epoch_is_there_before_its_first_read(root, mount, mo
         (_, head_of, head), (_, whole_of, _) = mount.orders[2 * n - 2:2 * n]
         assert whole == rel(root, ds.read) and head == whole[:10]
         assert head_of["job"] == whole_of["job"] + ":head"
+        assert head_of["part"] == "head" and "part" not in whole_of  # the mount's room
 
 
 def test_a_distributed_sampler_gets_its_epochs_and_announces_its_share(root, mount):
