@@ -175,14 +175,19 @@ def test_the_same_batches_and_rng_as_the_bare_loader(root, mount, workers, persi
     assert all(head["source"] == "spokefs.torch" for _, head, _ in mount.orders)
 
 
+def read_epoch(loader, ds: Files) -> list[str]:
+    """One epoch of ``loader`` (in this process); the paths ``ds`` read in it, in order."""
+    ds.read.clear()
+    for _ in loader:
+        pass
+    return ds.read
+
+
 def test_the_order_is_the_order_of_the_reads(root, mount):
     ds = Files(root)
     wrapped = clairvoyant(data.DataLoader(ds, batch_size=4, shuffle=True))
     for n in (1, 2):
-        ds.read.clear()
-        for _ in wrapped:
-            pass
-        assert len(ds.read) == N_FILES
+        assert len(read_epoch(wrapped, ds)) == N_FILES
         assert mount.wait(n) == rel(root, ds.read)
 
 
@@ -207,9 +212,7 @@ def test_the_head_of_a_long_epoch_is_there_before_its_first_read(root, mount, mo
     ds = Watched(root)
     wrapped = clairvoyant(data.DataLoader(ds, batch_size=4, shuffle=True))
     for n in (1, 2):
-        ds.read.clear()
-        for _ in wrapped:
-            pass
+        read_epoch(wrapped, ds)
         assert ds.orders_at_first_read == 2 * n - 1  # this epoch's head, sent at once
         whole = mount.wait(2 * n)
         (_, head_of, head), (_, whole_of, _) = mount.orders[2 * n - 2:2 * n]
