@@ -436,7 +436,7 @@ class HubClient:
         opens one (at 900 ms, touching every connection as a job started cost its first
         batch a round trip)."""
         origin = self._data_hubs[self.origins.current()]
-        open_now, stale = origin.usage(idle_s) if idle_s > 0 else (0, 0)
+        open_now, stale = origin.usage(idle_s)
         with trio.move_on_after(deadline_s):
             async with trio.open_nursery() as nursery:
                 for _ in range(stale):
@@ -444,7 +444,7 @@ class HubClient:
                 for _ in range(max(0, connections - open_now)):
                     nursery.start_soon(self._touch, origin, "new")
 
-    async def _touch(self, origin: wire.Origin, on: str) -> None:
+    async def _touch(self, origin: wire.Origin, on: wire.Which) -> None:
         try:
             async with origin.get(protocol.HEALTH_PATH, on=on) as resp:
                 self._received(len(await resp.read(_ERROR_BODY_MAX)))

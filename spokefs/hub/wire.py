@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import ssl
 from collections.abc import AsyncIterator
+from typing import Literal
 from urllib.parse import urlsplit
 
 import trio
@@ -34,6 +35,8 @@ _CHUNK_LINE_MAX = 4096
 # An idle connection is closed after this long: above the longest the hub client leaves one
 # it keeps warm untouched (7.5 s), below hubd's idle timeout (15 s), far below a NAT's.
 IDLE_EXPIRY_S = 12.0
+
+Which = Literal["newest", "oldest", "new"]  # the connection a request goes on (``Origin.get``)
 
 
 class TransportError(Exception):
@@ -288,7 +291,7 @@ class Origin:
 
     @contextlib.asynccontextmanager
     async def get(self, path: str, headers: dict[str, str] | None = None, *,
-                  on: str = "newest") -> AsyncIterator[Answer]:
+                  on: Which = "newest") -> AsyncIterator[Answer]:
         """``GET path`` (with extra ``headers``): its answer, whose body the caller reads
         inside the block (a connection whose answer was not read to the end is closed).
         ``on``: the idle connection it goes on, the most recently used (``newest``), the
@@ -308,7 +311,7 @@ class Origin:
             else:
                 await answer._conn.aclose()
 
-    async def _send(self, request: bytes, on: str) -> Answer:
+    async def _send(self, request: bytes, on: Which) -> Answer:
         while self._idle and on != "new":
             conn = self._idle.pop(0 if on == "oldest" else -1)
             if (trio.current_time() - conn.idle_since > IDLE_EXPIRY_S
