@@ -24,6 +24,7 @@ import faulthandler
 import itertools
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -101,6 +102,25 @@ def _hang_watchdog() -> Iterator[None]:
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture(autouse=True)
+def _no_sigchld_handler_outlives_its_test() -> Iterator[None]:
+    """A DataLoader with workers installs a Python SIGCHLD handler in pytest's process (torch's
+    ``_set_SIGCHLD_handler``), and it stays for every later test. With a Python handler,
+    every child's exit makes CPython's C handler write to the signal wakeup fd; when that
+    happens while trio closes its wakeup socketpair at the end of an async test (it closes
+    the reading end first), the write fails with EPIPE and pytest fails that test with an
+    unraisable "Exception ignored when trying to write to the signal wakeup fd".
+    So the handler goes with the test that made it; torch installs it again when needed."""
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGCHLD) not in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            torch_signals = sys.modules.get("torch.utils.data._utils.signal_handling")
+            if torch_signals is not None:
+                torch_signals._SIGCHLD_handler_set = False  # type: ignore[attr-defined]
 
 
 # -- plain fixtures ---------------------------------------------------------------------------
