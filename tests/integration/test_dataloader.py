@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import treegen
+from tests.helpers import page_cache, treegen
 from tests.helpers.procs import free_port
 
 torch = pytest.importorskip("torch")
@@ -67,11 +67,7 @@ def spoke_counts(mnt: bytes, port: int) -> dict[str, float]:
 def drop_pages(paths: list[bytes]) -> None:
     """Drop the kernel's pages of the files (clean pages: the next reads reach the spoke)."""
     for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        page_cache.drop_pages(path)
 
 
 def test_dataloader_reads_every_sample(tmp_path: Path, hub_factory, mount_factory) -> None:

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests.helpers.page_cache import drop_pages
 from tests.helpers.procs import scrape_metrics
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -114,7 +115,7 @@ def test_an_evicted_directory_is_filled_again(tmp_path, hub_factory, mount_facto
     gone = next(f for f in sorted(os.listdir(mnt / "a")) if cached(mnt / "a" / f)[0] == 0)
     fd = os.open(mnt / "a" / gone, os.O_RDONLY)
     try:  # the kernel may still hold its pages: drop them, so that the read reaches the spoke
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        drop_pages(fd)
         assert os.pread(fd, 1 << 20, 0) == (src / "a" / gone).read_bytes()
     finally:
         os.close(fd)

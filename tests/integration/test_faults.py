@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests.helpers.page_cache import drop_pages
 from tests.helpers.procs import SpokeMount, free_port, is_mounted, run_spokefs, scrape_metrics
 from tests.helpers.tmpfs import tmpfs
 
@@ -85,12 +86,6 @@ class Tally:
 def _first_diff(a: bytes, b: bytes) -> int:
     pairs = enumerate(zip(a, b, strict=False))  # up to the shorter one
     return next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))
-
-
-def drop_pages(fd: int) -> None:
-    """Evict this file's pages from the kernel's page cache, so the next read goes to spokefs
-    (per file: the machine's other users keep theirs)."""
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def read_whole(tally: Tally, mnt_path: Path, src_path: Path, chunk: int = MiB) -> None:

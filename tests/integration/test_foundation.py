@@ -22,6 +22,7 @@ from collections.abc import Callable
 import pytest
 
 from tests.helpers import treegen
+from tests.helpers.page_cache import drop_pages
 from tests.helpers.procs import SpokeMount, is_mounted
 
 pytestmark = pytest.mark.fuse
@@ -330,15 +331,6 @@ def test_other_user_reads_by_mode(mnt: bytes, source_tree: treegen.Tree) -> None
 # -- own mounts -----------------------------------------------------------------------------
 
 
-def _drop_page_cache(path: bytes) -> None:
-    """Evict the kernel's cached pages of one file, so the next read reaches spokefs."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def test_hub_down_serves_cached_data_and_metadata(hub, mount_factory,
                                                   source_tree: treegen.Tree) -> None:
     spoke = mount_factory(hub.url, "--hub-deadline", "3")
@@ -351,7 +343,7 @@ def test_hub_down_serves_cached_data_and_metadata(hub, mount_factory,
 
     assert hub.stop() == 0
     for rel in rels:
-        _drop_page_cache(os.path.join(mnt, rel))
+        drop_pages(os.path.join(mnt, rel))
         assert _read(os.path.join(mnt, rel)) == first[rel], rel
     assert sorted((d, sorted(ds), sorted(fs)) for d, ds, fs in os.walk(mnt)) == walk_before
     assert os.readlink(os.path.join(mnt, source_tree.symlinks["absolute"])) == b"/etc/passwd"
@@ -372,7 +364,7 @@ def test_hub_down_uncached_read_fails_then_recovers(hub, mount_factory,
     assert os.path.ismount(mnt)
 
     hub.start()  # same port
-    _drop_page_cache(os.path.join(mnt, rel))
+    drop_pages(os.path.join(mnt, rel))
     assert _read(os.path.join(mnt, rel)) == want
 
 

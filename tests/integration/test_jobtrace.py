@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import procs
+from tests.helpers.page_cache import drop_pages
 
 pytestmark = pytest.mark.fuse
 
@@ -89,11 +90,7 @@ def _as_nobody(path: Path, name: str) -> subprocess.CompletedProcess:
 
 def _read_uncached(path: Path) -> bytes:
     """Read a file with the kernel's page cache of it dropped first (so the spoke sees it)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    drop_pages(path)
     return path.read_bytes()
 
 

@@ -40,6 +40,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.helpers import procs
+from tests.helpers.page_cache import drop_pages
 from tests.helpers.procs import HubProcess, SpokeMount
 
 REPO = procs.REPO_ROOT
@@ -226,15 +227,6 @@ def _fetch(url: str) -> str:
         return resp.read().decode()
 
 
-def _drop_page_cache(path: Path) -> None:
-    """Evict the kernel's cached pages of one file, so the next read reaches spokefs."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 # -- the dashboard ----------------------------------------------------------------------------
 
 
@@ -358,7 +350,7 @@ def _read_all(stack: Stack, *, drop_first: bool) -> None:
     for rel, want in stack.files.items():
         path = stack.spoke.mnt / rel
         if drop_first:
-            _drop_page_cache(path)
+            drop_pages(path)
         assert path.read_bytes() == want, rel
 
 

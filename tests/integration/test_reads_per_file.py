@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from spokefs.mounttab import find_mount
+from tests.helpers.page_cache import drop_pages
 from tests.helpers.procs import counted_metrics, free_port
 from tests.helpers.treegen import tar_of_members
 
@@ -69,14 +70,6 @@ def spoke(tree: Path, hub_factory, mount_factory) -> tuple[Path, int]:
     return mnt, port
 
 
-def _drop_pages(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _served(mnt: Path, port: int) -> tuple[int, int]:
     m = counted_metrics(mnt, port)
     return round(m["spokefs_reads_total"]), round(m["spokefs_read_bytes_total"])
@@ -94,7 +87,7 @@ def test_small_pieces_from_offset_0_cost_one_read_per_file(spoke: tuple[Path, in
     for path in sorted((mnt / "small").glob("*.jpg")):
         size = path.stat().st_size
         assert path.stat().st_blksize == 1 << (size - 1).bit_length()  # 128 or 256 KiB
-        _drop_pages(path)
+        drop_pages(path)
         before = _served(mnt, port)
         with path.open("rb") as f:  # PIL's pattern: a header, a bit more, then the rest
             data = f.read(4 * KiB) + f.read(16 * KiB) + f.read()
@@ -106,7 +99,7 @@ def test_small_pieces_from_offset_0_cost_one_read_per_file(spoke: tuple[Path, in
 def test_tarfile_members_cost_one_read_per_tar(spoke: tuple[Path, int], tree: Path) -> None:
     mnt, port = spoke
     for path in sorted((mnt / "small").glob("*.tar")):
-        _drop_pages(path)
+        drop_pages(path)
         before = _served(mnt, port)
         with tarfile.open(path) as tf:
             got = {m.name: tf.extractfile(m).read() for m in tf.getmembers()}  # type: ignore[union-attr]
@@ -125,7 +118,7 @@ def test_random_reads_of_a_large_file_do_not_over_read(spoke: tuple[Path, int],
     source = (tree / "large.bin").read_bytes()
     offsets = [b * 4 * KiB for b in random.Random(7).sample(range(1, LARGE // (4 * KiB)), 256)]
     asked = len(offsets) * 4 * KiB
-    _drop_pages(path)
+    drop_pages(path)
     before = _served(mnt, port)
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -135,7 +128,7 @@ def test_random_reads_of_a_large_file_do_not_over_read(spoke: tuple[Path, int],
         os.close(fd)
     reads, served = (a - b for a, b in zip(_served(mnt, port), before, strict=True))
     assert reads <= len(offsets) and served <= asked * 1.1, (reads, served, asked)
-    _drop_pages(path)
+    drop_pages(path)
     before = _served(mnt, port)
     with path.open("rb") as f:
         for off in offsets:
@@ -150,21 +143,21 @@ def test_every_pattern_reads_the_source_bytes(spoke: tuple[Path, int], tree: Pat
     rnd = random.Random(5)
     for size in EDGE_SIZES:
         path, want = mnt / "edges" / f"{size}.bin", (tree / "edges" / f"{size}.bin").read_bytes()
-        _drop_pages(path)
+        drop_pages(path)
         with path.open("rb") as f:
             assert f.read(4 * KiB) + f.read(16 * KiB) + f.read() == want, size
-        _drop_pages(path)
+        drop_pages(path)
         fd = os.open(path, os.O_RDONLY)
         try:
             pieces = []
             while piece := os.read(fd, 3000):  # unaligned pieces, unbuffered
                 pieces.append(piece)
             assert b"".join(pieces) == want, size
-            _drop_pages(path)
+            drop_pages(path)
             for _ in range(20):  # reads that run past the end, in any order
                 off = rnd.randrange(size + 10)
                 assert os.pread(fd, 8 * KiB, off) == want[off:off + 8 * KiB], (size, off)
-            _drop_pages(path)
+            drop_pages(path)
             with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
                 assert m[size // 2:] == want[size // 2:] and m[:] == want, size
         finally:

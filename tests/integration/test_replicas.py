@@ -32,6 +32,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import HubFactory, MountFactory
+from tests.helpers.page_cache import drop_pages
 from tests.helpers.procs import HubProcess, free_port, run_spokefs
 
 pytestmark = [pytest.mark.fuse, pytest.mark.slow]
@@ -59,7 +60,7 @@ def _read_file(path: Path) -> bytes:
     """The whole file through the mount, past the kernel's page cache (dropped first)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        drop_pages(fd)
         parts = []
         while chunk := os.read(fd, MiB):
             parts.append(chunk)
