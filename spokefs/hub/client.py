@@ -202,8 +202,10 @@ class HubClient:
 
     @property
     def rtt_s(self) -> float | None:
-        """The shortest wait of the last minute from sending a blob or pack request to its
-        answer's headers: the round trip plus the hub's own time (None before any answer)."""
+        """The shortest round trip of the last minute that a blob or pack request, or a
+        touch that keeps a connection warm, measured (``wire.Answer.round_trip_s``): the
+        path's round trip plus the hub's own time; the touches at mount give the first,
+        before any data is asked for (None before any answer)."""
         return self._waits.value()
 
     async def __aenter__(self) -> HubClient:
@@ -293,12 +295,11 @@ class HubClient:
         first_frame = start // protocol.FRAME_DATA_BYTES
 
         async def attempt(http: wire.Origin, origin: str) -> bytes:
-            sent = time.monotonic()
             buf = self._receive_buffer(fstop - fstart)
             try:
                 with memoryview(buf)[: fstop - fstart] as body:
                     async with http.get(path, headers) as resp:
-                        origin = self._answered(resp, origin, sent)
+                        origin = self._answered(resp, origin)
                         await self._check_streamed(resp, "blob")
                         with _refusing_too_long():
                             got = await resp.read_into(body)
@@ -343,9 +344,8 @@ class HubClient:
         async def attempt(http: wire.Origin, origin: str) -> dict[
                 tuple[int, int], bytes | None]:
             decoder = protocol.PackDecoder(items)
-            sent = time.monotonic()
             async with http.get(plan.path) as resp:
-                origin = self._answered(resp, origin, sent)
+                origin = self._answered(resp, origin)
                 await self._check_streamed(resp, "pack")
                 with _refusing_too_long():
                     async for piece in resp.pieces(cap):
@@ -368,12 +368,12 @@ class HubClient:
 
         return await self._data("pack", attempt)
 
-    def _answered(self, resp: wire.Answer, origin: str, sent: float) -> str:
+    def _answered(self, resp: wire.Answer, origin: str) -> str:
         """The answer's origin (``_origin``); its wait counts as a far round trip unless the
         tier answered from its cache (fills size their bytes in flight by the far link)."""
         origin = origin_of(resp, origin)
         if origin != "tier_hit":
-            self._waits.append(time.monotonic() - sent)
+            self._waits.append(resp.round_trip_s)
         return origin
 
     async def _data(
@@ -447,6 +447,7 @@ class HubClient:
     async def _touch(self, origin: wire.Origin, on: wire.Which) -> None:
         try:
             async with origin.get(protocol.HEALTH_PATH, on=on) as resp:
+                self._waits.append(resp.round_trip_s)  # at mount: the first round trips
                 self._received(len(await resp.read(_ERROR_BODY_MAX)))
         except (wire.TransportError, wire.AnswerTooLong):
             pass  # a hub that is away is noticed by real requests

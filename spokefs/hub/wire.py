@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ssl
+import time
 from collections.abc import AsyncIterator
 from typing import Literal
 from urllib.parse import urlsplit
@@ -59,11 +60,14 @@ class Headers:
 
 
 class _Connection:
-    def __init__(self, stream: trio.abc.Stream, sock: trio.socket.SocketType | None) -> None:
+    def __init__(self, stream: trio.abc.Stream, sock: trio.socket.SocketType | None,
+                 opened: float | None = None) -> None:
         self.stream = stream
         self.sock = sock  # plain TCP: received into buffers directly
         self.buf = bytearray()  # received past what was consumed
         self.idle_since = 0.0  # trio time it went back to the pool
+        # plain TCP, no exchange yet: when its connect() began (``Answer.round_trip_s``)
+        self.opened = opened
 
     def closed_by_peer(self) -> bool:
         """An idle connection with something to read: the server closed it (or misbehaves)."""
@@ -115,12 +119,20 @@ class Answer:
     Attributes:
         status_code, headers: of the answer.
         length: the body's declared length (None: chunked, or until the connection ends).
+        round_trip_s: the round trip this exchange measured, the server's time included:
+            from the request's send to the answer's head; on a new plain-TCP connection,
+            half the time from its ``connect()`` (the handshake's round trip, then the
+            request's). Whether the handshake shows in ``connect()`` (a real network) or
+            holds the first request back (a proxy that emulates a long link, as
+            ``benchmarks/longlink.py`` does), that is one round trip, where the request's
+            own wait would be two under the proxy.
     """
 
     def __init__(self, conn: _Connection, status: int, headers: Headers, timeout_s: float,
-                 keep: bool) -> None:
+                 keep: bool, round_trip_s: float = 0.0) -> None:
         self._conn = conn
         self._timeout_s = timeout_s
+        self.round_trip_s = round_trip_s
         self.status_code = status
         self.headers = headers
         self._chunked = "chunked" in headers.get("transfer-encoding").lower()
@@ -338,9 +350,10 @@ class Origin:
     async def _connect(self) -> _Connection:
         try:
             with trio.fail_after(self._connect_timeout_s):
+                opened = time.monotonic()
                 stream = await trio.open_tcp_stream(self._host, self._port)
                 if self._tls is None:
-                    return _Connection(stream, stream.socket)
+                    return _Connection(stream, stream.socket, opened)
                 tls = trio.SSLStream(stream, self._tls, server_hostname=self._host,
                                      https_compatible=True)
                 try:
@@ -357,6 +370,7 @@ class Origin:
                                  f"{exc}") from exc
 
     async def _exchange(self, conn: _Connection, request: bytes) -> Answer:
+        sent = time.monotonic()
         try:
             with trio.fail_after(self._timeout_s):
                 await conn.stream.send_all(request)
@@ -367,7 +381,10 @@ class Origin:
         while True:
             status, headers, keep = await self._head_of(conn)
             if not 100 <= status < 200:
-                return Answer(conn, status, headers, self._timeout_s, keep)
+                now = time.monotonic()
+                waited = now - sent if conn.opened is None else (now - conn.opened) / 2
+                conn.opened = None
+                return Answer(conn, status, headers, self._timeout_s, keep, waited)
 
     async def _head_of(self, conn: _Connection) -> tuple[int, Headers, bool]:
         while (end := conn.buf.find(b"\r\n\r\n")) < 0:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -114,6 +115,27 @@ async def test_keep_alive_reuses_one_connection(server: RawServer) -> None:
         assert (await get(o))[1] == b"abc"
     await o.aclose()
     assert server.connections == 1 and len(server.requests) == 3
+
+
+async def test_each_answer_measures_a_round_trip(server: RawServer) -> None:
+    """From the request's send to the answer's head; on a new connection half the time from
+    its connect(), which a long link's handshake makes one round trip whether it shows in
+    connect() or (behind a proxy that emulates the link) holds the first request back."""
+    def slow(conn: socket.socket, _req: bytes) -> bool:
+        time.sleep(0.3)  # the server's time: here, the whole round trip
+        conn.sendall(answer(b"abc", "Content-Length: 3"))
+        return True
+    server.script = slow
+    o = origin(server)
+    waits = []
+    for _ in range(2):
+        async with o.get("/x") as resp:
+            waits.append(resp.round_trip_s)
+            await resp.read(10)
+    await o.aclose()
+    assert server.connections == 1
+    assert 0.15 <= waits[0] < 0.29  # a new connection: (connect + 0.3 s) / 2
+    assert 0.3 <= waits[1] < 0.6  # the same connection again: the request's own wait
 
 
 async def test_a_body_read_into_a_buffer_in_pieces(server: RawServer) -> None:
