@@ -123,27 +123,39 @@ async def test_jobs_beyond_the_limit_forget_the_oldest(tmp_path, monkeypatch):
     cache.close()
 
 
-async def test_the_in_flight_bound_is_shared():
+async def test_the_in_flight_bound_is_shared_and_starts_slow():
     class Reach:
         def bdp_bytes(self) -> int:
-            return 5 << 20  # a bound of three times that: 15 MiB
+            return 5 << 20  # a bound of three times that, 15 MiB, once the link is busy
 
     flight = InFlight(Reach(), 64 << 20)  # type: ignore[arg-type]
-    await flight.reserve(9 << 20)
-    await flight.reserve(6 << 20)
-    with trio.move_on_after(0.3) as waited:
-        await flight.reserve(1 << 20)  # 16 MiB would be over the bound
-    assert waited.cancelled_caught and flight.bytes == 15 << 20
+
+    async def fits(nbytes: int) -> bool:
+        with trio.move_on_after(0.1) as waited:
+            await flight.reserve(nbytes)
+        return not waited.cancelled_caught
+
+    # from an idle link: one product (at least 8 MiB), growing by what arrives
+    assert await fits(4 << 20) and await fits(4 << 20) and not await fits(1 << 20)
+    flight.release(4 << 20)  # 4 MiB arrived: 9 MiB
+    assert await fits(5 << 20) and not await fits(1 << 20)
+    flight.release(4 << 20)  # 8 MiB arrived: 13 MiB
+    assert await fits(8 << 20)
+    flight.release(5 << 20)  # 13 MiB arrived: three products, 15 MiB, and no more
+    assert await fits(7 << 20) and not await fits(1 << 20)
+    assert flight.bytes == 15 << 20
 
     async def late() -> None:
         await flight.reserve(3 << 20)
 
-    async with trio.open_nursery() as nursery:
+    async with trio.open_nursery() as nursery:  # one bound for every replay that shares it
         nursery.start_soon(late)
         await trio.sleep(0.05)
         assert flight.bytes == 15 << 20
-        flight.release(9 << 20)  # room again: the waiter goes at once
-    assert flight.bytes == 9 << 20
+        flight.release(7 << 20)  # room again: the waiter goes at once
+    assert flight.bytes == 11 << 20
+    flight.release(11 << 20)  # idle again: the next start is slow again
+    assert await fits(8 << 20) and not await fits(1 << 20)
 
 
 async def test_a_trace_replay_counts_as_running(tmp_path, monkeypatch):
