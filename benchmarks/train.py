@@ -283,22 +283,44 @@ class Epoch:
     first_batch_s: float = 0.0  # from the loader's creation to the first batch (pipeline fill)
     batch_t: list[float] = field(default_factory=list)
     batch_n: list[int] = field(default_factory=list)
+    # the samples the loader had asked its workers for beyond those the loop took when the
+    # epoch ended (``Drawn``): its own read-ahead, the bytes of those samples
+    loader_ahead_bytes: int = 0
+
+
+class Drawn:
+    """Stands in for the loader's sampler and keeps the indices as they are drawn (a
+    clairvoyant loader draws its epoch at once: all of them at its start)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.order: list[int] = []
+
+    def __iter__(self) -> Iterator[int]:
+        for i in self.inner:
+            self.order.append(i)
+            yield i
+
+    def __len__(self) -> int:
+        return len(self.inner)
 
 
 def _loader(root: Path, ds: DataSet, seed: int, args: argparse.Namespace,
-            timeout_s: float, order: bool = False) -> Any:
-    """The epoch's DataLoader; ``order``: through ``spokefs.torch.clairvoyant``, which tells
-    the mount the epoch's file order as the sampler draws it."""
+            timeout_s: float, order: bool = False) -> tuple[Any, Drawn]:
+    """The epoch's DataLoader, and its sampler's record of the order it drew; ``order``:
+    through ``spokefs.torch.clairvoyant``, which tells the mount the epoch's file order as
+    the sampler draws it."""
     gen = torch.Generator()
     gen.manual_seed(seed)
     loader = DataLoader(FileSamples(root, ds, args.decode_ms_per_sample),
                         batch_size=args.batch_size, shuffle=True, generator=gen,
                         num_workers=args.workers, timeout=timeout_s)
+    drawn = loader.batch_sampler.sampler = Drawn(loader.batch_sampler.sampler)
     if not order:
-        return loader
+        return loader, drawn
     from spokefs.torch import clairvoyant
     rels = ds.rels
-    return clairvoyant(loader, paths=lambda i: os.path.join(str(root), rels[i]))
+    return clairvoyant(loader, paths=lambda i: os.path.join(str(root), rels[i])), drawn
 
 
 def run_epoch(root: Path, ds: DataSet, seed: int, mode: str, args: argparse.Namespace,
@@ -310,13 +332,18 @@ def run_epoch(root: Path, ds: DataSet, seed: int, mode: str, args: argparse.Name
     ep = Epoch(planned=len(ds.rels))
     compute_s = args.compute_ms / 1000.0 if mode == "train" else 0.0
     t0 = time.perf_counter()
-    it = iter(_loader(root, ds, seed, args, max(5.0, budget_s), order))
+    loader, drawn = _loader(root, ds, seed, args, max(5.0, budget_s), order)
+    it = iter(loader)
     ep.wait_s = time.perf_counter() - t0  # starting the workers: the loop waits for data too
     try:
         _drain(it, ep, t0, compute_s, t0 + budget_s, max_samples)
     finally:
         ep.seconds = (ep.batch_t[-1] if ep.batch_t and ep.cut else time.perf_counter() - t0)
         stuck = _close_loader(it)
+    # a multiprocess loader keeps workers x prefetch_factor (2) batches asked for beyond the
+    # ones the loop has taken (PyTorch asks for the next one each time the loop takes one)
+    ahead = drawn.order[ep.samples: ep.samples + args.workers * 2 * args.batch_size]
+    ep.loader_ahead_bytes = sum(ds.sizes[i] for i in ahead)
     return ep, stuck
 
 
@@ -566,6 +593,7 @@ def epoch_record(ctx: Ctx, config: str, ep: Epoch, copy: dict[str, Any] | None,
     rec: dict[str, Any] = {
         "rtt_ms": ctx.rtt, "run": ctx.run, "mode": ctx.mode, "config": config,
         "samples": ep.samples, "planned": ep.planned, "bytes": ep.nbytes, "seconds": seconds,
+        "loader_ahead_bytes": ep.loader_ahead_bytes,
         "samples_per_s": rate, "wait_frac": (ep.wait_s + pre) / seconds if seconds else None,
         "first_batch_s": pre + ep.first_batch_s,
         "wait_after_first_frac": ((ep.wait_s - ep.first_batch_s) / seconds
@@ -781,13 +809,20 @@ def wait_orders_quiet(m: bl.Mount, env: Env, still_s: float = 3.0,
         time.sleep(0.2)
 
 
+_FRAMING = protocol.framed_size(1 << 30) / (1 << 30)  # link bytes per data byte, frames alone
+
+
 def run_order_stop(env: Env, ctx: Ctx, srv: Servers) -> None:
     """spoke-order-stop: a fresh mount on an empty cache, a job told the order that stops
     after ``STOP_SHARE`` of the epoch. Once the order is quiet, what crossed the link beyond
     the bytes the job consumed (``overshoot_bytes``), against what the mount states it
     fetches ahead (the order's horizon, ``horizon_bytes`` in its progress) plus what the
-    DataLoader's own workers read ahead of the loop (workers x prefetch_factor 2 batches of
-    the mean sample, ``loader_ahead_bytes``; a local disk reads those too)."""
+    DataLoader's own workers read ahead of the loop (the samples of the workers x
+    prefetch_factor 2 batches it had asked for beyond those the loop took: ``Epoch``'s
+    ``loader_ahead_bytes``; a local disk reads those too). Both are data bytes, so the
+    link's bytes count as data at the protocol's framing (a checksum per 4 KiB frame:
+    ``protocol.framed_size``); the requests' heads and the packs' records, a few dozen bytes
+    per request and per file, are left counted as overshoot."""
     cache = env.new_dir(f"cache-order-stop-{ctx.rtt}-{ctx.mode}-{ctx.run}-")
     tag = f"{ctx.rtt}ms-{ctx.mode}-run{ctx.run + 1}"
     stop = max(env.args.batch_size, int(len(ctx.ds.rels) * STOP_SHARE))
@@ -802,8 +837,8 @@ def run_order_stop(env: Env, ctx: Ctx, srv: Servers) -> None:
             orders = mount_orders(m)
             moved = bl.link_counters(link).bytes_down - rec["link_down_at_epoch"][0]
             horizon = max((int(o.get("horizon_bytes", 0)) for o in orders), default=0)
-            ahead = env.args.workers * 2 * env.args.batch_size * ctx.ds.mean_bytes
-            over = moved - rec["bytes"]
+            ahead = rec["loader_ahead_bytes"]
+            over = int(moved / _FRAMING) - rec["bytes"]
             rec |= {"orders": orders, "link_bytes_quiet": moved, "overshoot_bytes": over,
                     "horizon_bytes": horizon, "loader_ahead_bytes": ahead,
                     "overshoot_over_bound": over / (horizon + ahead) if horizon else None}
