@@ -481,6 +481,15 @@ def block_counts(url: str | None) -> tuple[float, float] | None:
     return (m[HIT_KEYS[0]], m[HIT_KEYS[1]]) if m and HIT_KEYS[0] in m else None
 
 
+def _counts_and_misses(url: str | None) -> tuple[tuple[float, float] | None, dict[str, float]]:
+    """``block_counts`` and the miss histogram's buckets from one scrape (before an epoch:
+    spoke-replay's clock runs meanwhile, and each scrape of a mount this busy took 10-20 ms)."""
+    m = bl.scrape(url, (*HIT_KEYS, MISS_HIST))
+    sums = [sum(v for k, v in m.items() if k.split("{", 1)[0] == name) for name in HIT_KEYS]
+    counts = (sums[0], sums[1]) if any(k.startswith(HIT_KEYS[0]) for k in m) else None
+    return counts, {k: v for k, v in m.items() if k.startswith(MISS_HIST)}
+
+
 class Sampler:
     """Every SAMPLE_PERIOD_S in a thread: (t, link bytes down, block hits, block misses,
     daemon CPU ticks); for the plots and the JSON line."""
@@ -490,7 +499,6 @@ class Sampler:
         self.rows: list[list[float]] = []
         self._stop = threading.Event()
         self._t0 = time.perf_counter()
-        self._sample()
         self._thread = threading.Thread(target=self._run, daemon=True, name="sampler")
         self._thread.start()
 
@@ -502,6 +510,7 @@ class Sampler:
                           ticks])
 
     def _run(self) -> None:
+        self._sample()  # the first one here too: the epoch starts without waiting for it
         while not self._stop.wait(SAMPLE_PERIOD_S):
             self._sample()
 
@@ -544,8 +553,7 @@ def measure(env: Env, ctx: Ctx, config: str, root: Path, watch: Watch,
     # benchmark's own in the replay's epoch); the split of its link bytes before and in the
     # epoch is then as old as the status file (50 ms), its total is counted from the clock
     l0 = bl.link_counters(watch.link, fresh=clock_start is None)
-    k0 = block_counts(watch.metrics_url)
-    h0 = bl.scrape(watch.metrics_url, (MISS_HIST,))
+    k0, h0 = _counts_and_misses(watch.metrics_url)
     cpu = bl.CpuMeter(watch.pids())
     sampler = Sampler(watch)
     pre_s = time.perf_counter() - clock_start if clock_start is not None else 0.0
