@@ -407,22 +407,26 @@ class ChunkStore(ChunkReader):
                 self._move(txn, st, key, head, nbytes, PINNED)
         return st, added, 0
 
+    def file_chunks(self, txn: lmdb.Transaction, file_id: int) -> list[bytes]:
+        """The keys of every cached chunk of every version of a file (its headers)."""
+        prefix = KEY.pack(file_id, 0, 0)[:8]
+        cur = txn.cursor(db=self._head)
+        keys = []
+        if cur.set_range(prefix):
+            for key in cur.iternext(values=False):
+                if bytes(key[:8]) != prefix:
+                    break
+                keys.append(bytes(key))
+        return keys
+
     def unpin(self, file_id: int, tick: int) -> tuple[CacheState, int]:
         """Move every pinned chunk of every version of a file to the PROTECTED segment (it
         was wanted; the clock hand lets it go once nobody reads it). Returns the totals and
         the bytes unpinned."""
         freed = 0
-        prefix = KEY.pack(file_id, 0, 0)[:8]
         with self._writing(None) as (txn, st):
             st.tick = max(st.tick, tick)
-            cur = txn.cursor(db=self._head)
-            keys = []
-            if cur.set_range(prefix):
-                for key in cur.iternext(values=False):
-                    if bytes(key[:8]) != prefix:
-                        break
-                    keys.append(bytes(key))
-            for key in keys:
+            for key in self.file_chunks(txn, file_id):
                 head = self.read_head(txn, key)
                 value = None if head is None else txn.get(key, db=self._data)
                 if head is None or value is None or head.segment != PINNED:

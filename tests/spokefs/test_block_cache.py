@@ -456,6 +456,19 @@ async def test_an_order_told_keeps_the_ideal_share_of_a_dataset_twice_the_cache(
     assert min(figures[True]) > max(figures[False]), figures
 
 
+async def test_an_order_told_evicts_the_files_it_has_passed_whole(tmp_path):
+    # a file left partly cached is fetched whole when it is read next: what stays of it only
+    # takes room, so a file the order has passed goes with all of its chunks
+    cache = BlockCache(tmp_path, 4 << 20)
+    for seed in range(3):
+        await _epochs(cache, files=32, epochs=1, rng=random.Random(seed), told=True)
+        held = [await cache.cached_bytes([FileVersion(fid, 1, 4 * CHUNK_SIZE)])
+                for fid in range(1, 33)]
+        assert [h for h in held if 0 < h < 4 * CHUNK_SIZE] == [], held
+    assert cache.statistics() == recount(cache)
+    cache.close()
+
+
 async def test_a_dataset_that_fits_replaces_one_that_is_done(tmp_path):
     cache = BlockCache(tmp_path, 4 << 20, window_bytes=4 * CHUNK_SIZE)
     await _epochs(cache, files=64, epochs=3, rng=random.Random(1))  # 4x, then stop
