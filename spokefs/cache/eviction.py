@@ -183,15 +183,15 @@ class Evictor:
             order_key, key = bytes(cur.key()), bytes(cur.value())
             file_id = KEY.unpack(key)[0]
             if (since := behind(file_id)) is not None and passed(key, since):
-                for k in [key, *self._store.file_chunks(txn, file_id)]:
-                    head = self._store.read_head(txn, k)
-                    if k == key:
-                        victims[k] = order_key
-                    elif head is not None and head.segment != PINNED and passed(k, since):
+                head = self._store.read_head(txn, key)
+                victims[key] = order_key
+                excess -= len(head.sums) * BLOCK_SIZE if head else 0
+                for k in self._store.file_chunks(txn, file_id):
+                    if k != key and passed(k, since) and \
+                            (head := self._store.read_head(txn, k)) is not None and \
+                            head.segment != PINNED:
                         victims[k] = head.order_key()
-                    else:
-                        continue
-                    excess -= len(head.sums) * BLOCK_SIZE if head else 0
+                        excess -= len(head.sums) * BLOCK_SIZE
             ok = cur.prev()
         for key, order_key in victims.items():
             self._remove(txn, st, order_key, key)
