@@ -360,8 +360,10 @@ async def test_keeping_warm_touches_only_connections_nobody_used_lately(
     server.script = replies(answer(b"ok", "Content-Length: 2"))
     hub = HubClient(server.url, token=None, max_connections=8, request_timeout_s=5.0,
                     deadline_s=5.0)
+    assert hub.rtt_s is None
     await hub.warm_up(3, 5.0)  # at mount: three new ones
     assert server.connections == 3 and len(server.requests) == 3
+    assert hub.rtt_s is not None and hub.rtt_s < 1.0  # the first round trip, before any data
     await hub.warm_up(3, 5.0, idle_s=1.0)  # all used just now: nothing to do
     assert server.connections == 3 and len(server.requests) == 3
     await hub.warm_up(5, 5.0, idle_s=1.0)  # two more wanted: two new ones
