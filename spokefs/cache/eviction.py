@@ -163,7 +163,7 @@ class Evictor:
         segment. Cut at the excess, chunk by chunk, a file stayed partly cached, and a
         partly cached file is fetched whole when it is read next, so what stayed of it only
         took room: 105 such files, 9.6 MB, at the third epoch of ``train.py``'s spoke-2x-order,
-        where the second had 13 (its files were split between the segments by then)."""
+        where the second had 13."""
         behind = plan.behind
         assert behind is not None
         cur = txn.cursor(db=self._store.order_db)
