@@ -477,17 +477,27 @@ def histogram_quantile(q: float, before: dict[str, float],
 
 
 def block_counts(url: str | None) -> tuple[float, float] | None:
-    m = bl.scrape(url, HIT_KEYS, sum_labels=True)
-    return (m[HIT_KEYS[0]], m[HIT_KEYS[1]]) if m and HIT_KEYS[0] in m else None
+    return _hits_and_misses(bl.scrape(url, HIT_KEYS))
+
+
+def _hits_and_misses(samples: dict[str, float]) -> tuple[float, float] | None:
+    """(block hits, block misses) of a scrape's samples, each summed over its labels; None
+    when the scrape has none (the mount did not answer)."""
+    sums = {name: 0.0 for name in HIT_KEYS}
+    for key, value in samples.items():
+        name = key.split("{", 1)[0]
+        if name in sums:
+            sums[name] += value
+    return (sums[HIT_KEYS[0]], sums[HIT_KEYS[1]]) if any(
+        key.split("{", 1)[0] == HIT_KEYS[0] for key in samples) else None
 
 
 def _counts_and_misses(url: str | None) -> tuple[tuple[float, float] | None, dict[str, float]]:
     """``block_counts`` and the miss histogram's buckets from one scrape (before an epoch:
     spoke-replay's clock runs meanwhile, and each scrape of a mount this busy took 10-20 ms)."""
-    m = bl.scrape(url, (*HIT_KEYS, MISS_HIST))
-    sums = [sum(v for k, v in m.items() if k.split("{", 1)[0] == name) for name in HIT_KEYS]
-    counts = (sums[0], sums[1]) if any(k.startswith(HIT_KEYS[0]) for k in m) else None
-    return counts, {k: v for k, v in m.items() if k.startswith(MISS_HIST)}
+    samples = bl.scrape(url, (*HIT_KEYS, MISS_HIST))
+    return _hits_and_misses(samples), {k: v for k, v in samples.items()
+                                       if k.startswith(MISS_HIST)}
 
 
 class Sampler:
