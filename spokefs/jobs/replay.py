@@ -64,6 +64,7 @@ _MIN_INFLIGHT_BYTES = 8 << 20
 # an order fetched whole is followed while its job reads a file of it at least this often
 _FOLLOW_S = 10.0
 _EARLY_READS = 1 << 16  # reads kept while an order resolves
+_HEAD_ENTRIES = 512  # a trace's first entries, resolved and fetched before the rest resolves
 # The first picks of a list are small: at its start everything is requested at once and
 # shares the link, and a pick arrives in about its size over one connection's share of it
 # (at 900 ms a 4 MiB window carries 4.6 MB/s: a 3.75 MiB pick takes two round trips). A pick
@@ -274,19 +275,19 @@ class Replayer:
 
     async def _replay(self, progress: Progress, entries: list[Entry], head: bool) -> None:
         started = time.monotonic()
-        try:
-            resolved = await trio.to_thread.run_sync(self._resolve, entries)
-        except SpokeError as exc:
-            progress.state = "failed"
-            log.warning("replay %d (%s): %s", progress.id, progress.name, exc)
+        # a trace replay resolves its first entries alone and fetches them while the rest
+        # resolves (tens of ms per 10,000 entries: the job's first reads wait for them); an
+        # order's first files come as a head of their own (``spokefs.torch``)
+        split = self._horizon is None and len(entries) > 2 * _HEAD_ENTRIES
+        first, rest = (entries[:_HEAD_ENTRIES], entries[_HEAD_ENTRIES:]) if split else \
+            (entries, [])
+        resolved = await self._resolved(progress, first)
+        if resolved is None:
             return
-        progress.changed, progress.missing = resolved.changed, resolved.missing
         if self._horizon is None:
             targets, over = _within(resolved.targets, self._budget())
         else:  # an order: the horizon bounds what is fetched ahead (at most the cache's budget)
             targets, over = resolved.targets, 0
-        progress.over_budget_bytes = over
-        progress.total_bytes = sum(t.nbytes(EXTENT_BYTES) for t in targets)
         self._ahead = None
         if self._horizon is not None:
             # the cache's room for the order's files: what it does not hold of them now; for
@@ -301,14 +302,24 @@ class Replayer:
                 ahead.on_read(file_id)
         self._early = None
         progress.state = "running"
-        metrics.REPLAY_TOTAL_BYTES.set(progress.total_bytes)
         metrics.REPLAY_DONE_BYTES.set(0)
-        log.info("replay %d (%s): %d files, %d bytes (%d entries changed on the hub, %d gone, "
-                 "%d bytes beyond the cache left out)", progress.id, progress.name,
-                 len(targets), progress.total_bytes, resolved.changed, resolved.missing, over)
+        self._counted(progress, resolved, targets, over, final=not rest)
         try:
             async with trio.open_nursery() as nursery:
-                await self._issue(progress, targets, nursery)
+                tail: list[Resolved | None] = []
+                tail_resolved = trio.Event()
+                if rest:
+                    nursery.start_soon(self._resolve_tail, progress, rest, tail, tail_resolved)
+                listed = await self._issue(progress, targets, nursery)
+                if rest:
+                    await tail_resolved.wait()
+                    if tail[0] is not None:  # else failed (logged): the first files came
+                        whole = Resolved(resolved.targets + tail[0].targets,
+                                         resolved.changed + tail[0].changed,
+                                         resolved.missing + tail[0].missing)
+                        everything, over = _within(whole.targets, self._budget())
+                        self._counted(progress, whole, everything, over, final=True)
+                        await self._issue(progress, everything[len(targets):], nursery, listed)
             await self._source.flush()  # done means stored, as for ``warm``
         finally:
             progress.seconds = time.monotonic() - started
@@ -316,21 +327,53 @@ class Replayer:
         # when it has read every file, is cancelled or replaced (every read looks it up)
         if self._ahead is not None and self._ahead.finished():
             self._ahead = None
+        if progress.state == "failed":
+            return
         progress.state = "done"
         log.info("replay %d (%s) done: %d bytes fetched, %d cached already, %d failed, "
                  "in %.1f s", progress.id, progress.name, progress.fetched_bytes,
                  progress.done_bytes - progress.fetched_bytes - progress.failed_bytes,
                  progress.failed_bytes, progress.seconds)
 
+    async def _resolved(self, progress: Progress, entries: list[Entry]) -> Resolved | None:
+        """``entries`` resolved in the namespace (off the event loop), or None when that
+        failed (logged; the replay failed)."""
+        try:
+            return await trio.to_thread.run_sync(self._resolve, entries)
+        except SpokeError as exc:
+            progress.state = "failed"
+            log.warning("replay %d (%s): %s", progress.id, progress.name, exc)
+            return None
+
+    async def _resolve_tail(self, progress: Progress, entries: list[Entry],
+                            out: list[Resolved | None], done: trio.Event) -> None:
+        out.append(await self._resolved(progress, entries))
+        done.set()
+
+    def _counted(self, progress: Progress, resolved: Resolved, targets: list[Target],
+                 over: int, *, final: bool) -> None:
+        """The working set known so far in ``progress`` and the metrics; once ``final``
+        (every entry resolved), logged."""
+        progress.changed, progress.missing = resolved.changed, resolved.missing
+        progress.over_budget_bytes = over
+        progress.total_bytes = sum(t.nbytes(EXTENT_BYTES) for t in targets)
+        metrics.REPLAY_TOTAL_BYTES.set(progress.total_bytes)
+        if final:
+            log.info("replay %d (%s): %d files, %d bytes (%d entries changed on the hub, "
+                     "%d gone, %d bytes beyond the cache left out)", progress.id,
+                     progress.name, len(targets), progress.total_bytes, resolved.changed,
+                     resolved.missing, over)
+
     async def _issue(self, progress: Progress, targets: list[Target],
-                     nursery: trio.Nursery) -> None:
+                     nursery: trio.Nursery, listed: int = 0) -> int:
         """Walk the targets in order, starting requests while the in-flight bound allows:
         the small files not cached gathered into picks, a pick started when it is full or
-        when a large file comes next (the order is kept)."""
+        when a large file comes next (the order is kept). ``listed``: the bytes of the
+        targets walked before these (the first ones go in small picks); returned with
+        these added."""
         pick: list[tuple[int, int, int]] = []
         in_pick: set[int] = set()
         nbytes = 0
-        listed = 0  # bytes of the targets so far: the first ones go in small picks
         for n, t in enumerate(targets):
             if n % 256 == 0:
                 await trio.lowlevel.checkpoint()  # a long run of cached files must not
@@ -380,6 +423,7 @@ class Replayer:
                                    end)
         if pick:
             await self._launch_picks(nursery, progress, pick)
+        return listed
 
     async def _launch_picks(self, nursery: trio.Nursery, progress: Progress,
                             files: list[tuple[int, int, int]]) -> None:

@@ -7,6 +7,7 @@ replayed blocks counted under their own origin."""
 from __future__ import annotations
 
 import os
+import time
 
 import trio
 from spoke_fakes import FakeHub, poll_until
@@ -143,6 +144,39 @@ async def test_the_working_set_is_cut_where_the_cache_is_full(tmp_path):
     assert p.over_budget_bytes == CHUNK_SIZE * 4
     fetched = {f for pack in hub.packs for f, _ in pack}
     assert fetched == {fvs[f"d{i}/x.jpg"].file_id for i in (5, 2, 7)}
+    cache.close()
+
+
+async def test_a_long_trace_fetches_its_first_files_while_the_rest_resolves(tmp_path,
+                                                                             monkeypatch):
+    """The first entries resolve alone and their requests go out before the rest has
+    resolved (the job's first reads wait for them); the whole is then cut to the cache's
+    budget and counted once, in the trace's order."""
+    monkeypatch.setattr(replay_module, "_HEAD_ENTRIES", 4)
+    files = {f"d{i % 3}/{i}.jpg": os.urandom(10_000 + i) for i in range(20)}
+    order = list(files)
+    kept = sum(len(files[p]) for p in order[:15])
+    hub, cache, replayer, fvs = _setup(tmp_path, files, budget=kept)
+    resolve, sizes, picked_before_tail = replayer._resolve, [], []
+
+    def observed(entries: list[Entry]) -> Resolved:
+        sizes.append(len(entries))
+        if len(sizes) == 2:  # the tail: the head's pick is asked for meanwhile
+            deadline = time.monotonic() + 5
+            while not hub.packs and time.monotonic() < deadline:
+                time.sleep(0.005)
+            picked_before_tail.append(len(hub.packs))
+        return resolve(entries)
+
+    replayer._resolve = observed
+    entries = [Entry(p, 1, len(files[p]), None) for p in order] + [Entry("gone.jpg", 1, 1, None)]
+    p = await _replay(replayer, cache, entries)
+    assert sizes == [4, 17] and picked_before_tail == [1]
+    assert p.state == "done" and p.missing == 1 and p.entries == 21
+    assert p.total_bytes == p.done_bytes == p.fetched_bytes == kept
+    assert p.over_budget_bytes == sum(len(files[x]) for x in order[15:])
+    ids = [fvs[x].file_id for x in order]
+    assert [f for pick in hub.packs for f, _ in pick] == ids[:15]
     cache.close()
 
 
