@@ -33,7 +33,6 @@ from spokefs.cachedir import CacheLock
 from spokefs.cli import commands, job_commands, sdnotify
 from spokefs.config import PrefetchConfig, SpokeConfig
 from spokefs.errors import UserError
-from spokefs.jobs import trace_file
 from spokefs.mounttab import find_mount
 from spokefs.namespace.replica import NamespaceInfo
 
@@ -245,8 +244,6 @@ def _config(args: argparse.Namespace) -> SpokeConfig:
             raise UserError(f"--{name.replace('_', '-')} must be positive")
     if not 0 <= args.max_pinned_share <= 0.9:  # the rest must keep the cache working
         raise UserError("--max-pinned-share must be between 0 and 0.9")
-    if args.replay is not None:
-        trace_file.read(args.replay)  # a bad trace fails before anything is mounted
     open_mode = _open_mode(args.open_mode)
     return SpokeConfig(
         hub_url=hub_urls[0], hub_fallback_urls=tuple(hub_urls[1:]),

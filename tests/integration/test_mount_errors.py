@@ -71,6 +71,22 @@ def test_missing_mountpoint(tmp_path: Path, hub) -> None:
     assert not mnt.exists()
 
 
+@pytest.mark.parametrize("kind", ["missing", "not-a-trace", "directory"])
+def test_bad_replay_trace(kind: str, tmp_path: Path, hub, make_mountpoint) -> None:
+    """The trace is read while the namespace downloads: a bad one still fails the mount with
+    one line naming it, before anything is mounted."""
+    mnt = make_mountpoint(f"badtrace-{kind}")
+    trace = tmp_path / "t.trace"
+    if kind == "not-a-trace":
+        trace.write_bytes(b"this is not a trace\n")
+    elif kind == "directory":
+        trace.mkdir()
+    rc, err = mount_expecting_failure(hub.url, mnt, tmp_path / "cache", "--replay", str(trace))
+    assert_one_error_line(rc, err)
+    assert "t.trace" in err, err
+    assert not procs.is_mounted(mnt)
+
+
 def test_mountpoint_already_mounted(tmp_path: Path, hub, mount_factory,
                                     source_tree: treegen.Tree) -> None:
     first = mount_factory(hub.url)
