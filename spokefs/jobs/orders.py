@@ -8,7 +8,7 @@ within the cache), one replay per announcing job: the list's header names the jo
 ``spokefs.torch`` writes its host and process id), and a job's new order replaces its
 previous one, while the orders of other jobs on the node (one per rank of a multi-GPU job)
 go on beside it. All of them, and the trace replay of ``--replay``/``warm``, share one
-in-flight bound (``replay.InFlight``), so eight ranks do not put eight times the link's
+in-flight bound (``in_flight.InFlight``), so eight ranks do not put eight times the link's
 bandwidth-delay product on it.
 
 At most ``MAX_JOBS`` jobs are kept; announcing one more forgets the one announced longest ago

@@ -23,8 +23,6 @@ from pathlib import Path
 
 import xxhash
 
-from spokefs import metrics
-
 log = logging.getLogger(__name__)
 
 SEAL_NAME = "clean-digest"
@@ -63,6 +61,8 @@ def check(env_dir: Path) -> bool:
     aside = data.with_name(f"data.mdb.corrupt-{time.strftime('%Y%m%dT%H%M%S')}")
     log.error("namespace %s changed since it was closed cleanly (a failing disk?): moved to "
               "%s, loading a fresh snapshot from the hub", data, aside.name)
+    from spokefs import metrics  # here: the snapshot loader child imports this module,
+    # and the metrics (prometheus_client, 40 ms) would delay the load it is started for
     metrics.NAMESPACE_CORRUPTIONS.inc()
     os.replace(data, aside)
     (env_dir / "lock.mdb").unlink(missing_ok=True)

@@ -4,9 +4,9 @@ A snapshot is loaded in one LMDB write transaction (the old namespace stays whol
 commits). Without ``writemap`` LMDB builds the pages that transaction dirties in memory it
 allocates, and after the commit it keeps them on its own free list: a million entries left
 ~250 MiB of anonymous memory in the spoke for as long as it ran. The load itself (decode,
-``putmulti``) runs here in a child (``python -m spokefs.namespace.snapshot_load NAMESPACE_DIR``) on
-the same LMDB environment, which LMDB supports across processes; the child's memory goes
-when it exits, and the mount re-reads the namespace's info after it commits.
+``putmulti``) runs in a child (``snapshot_child``) on the same LMDB environment, which
+LMDB supports across processes; the child's memory goes when it exits, and the mount
+re-reads the namespace's info after it commits.
 
 The child starts before the snapshot's first byte and decodes it as it arrives
 (``ChildLoad`` is the hub client's ``SnapshotSink``): its start-up and the decoding overlap
@@ -15,29 +15,24 @@ fails part way restarts the child.
 
 Protocol with the child: the compressed snapshot on stdin, closed at its end; on success
 exit 0 and a pickled ``namespace.Applied`` on stdout; a malformed or hostile snapshot exits
-``_BAD_SNAPSHOT`` with the reason as the last line of stderr (nothing changed); anything
-else is a failure of the child (its stderr's last line says what).
+``snapshot_child.BAD_SNAPSHOT`` with the reason as the last line of stderr (nothing
+changed); anything else is a failure of the child (its stderr's last line says what).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import pickle
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
-from functools import partial
-from pathlib import Path
 
 import trio
 
 from spokefs import protocol
 from spokefs.errors import SpokeError
 from spokefs.namespace.replica import Applied, Namespace
-
-_BAD_SNAPSHOT = 3
-_PIECE = 1 << 20  # at most this much of the snapshot read from stdin at a time
+from spokefs.namespace.snapshot_child import BAD_SNAPSHOT
 
 
 class LoadFailed(SpokeError):
@@ -74,7 +69,7 @@ class ChildLoad:
         """Start a child (stopping one fed by an earlier attempt)."""
         await self.stop()
         self._proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "spokefs.namespace.snapshot_load", str(self._ns.path)],
+            [sys.executable, "-m", "spokefs.namespace.snapshot_child", str(self._ns.path)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
 
@@ -121,7 +116,7 @@ class ChildLoad:
             nursery.start_soon(_read_all, proc.stderr, out, "stderr")
         returncode = await proc.wait()
         why = _last_line(out["stderr"])
-        if returncode == _BAD_SNAPSHOT:
+        if returncode == BAD_SNAPSHOT:
             raise protocol.WireError(why)
         if returncode != 0:
             raise LoadFailed(f"the snapshot loader exited {returncode}: {why}")
@@ -140,24 +135,3 @@ async def _read_all(stream: trio.abc.ReceiveStream, out: dict[str, bytes], key: 
 def _last_line(raw: bytes) -> str:
     lines = raw.decode(errors="replace").strip().splitlines()
     return lines[-1] if lines else "no message"
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m spokefs.namespace.snapshot_load NAMESPACE_DIR", file=sys.stderr)
-        return 2
-    pieces = iter(partial(os.read, sys.stdin.fileno(), _PIECE), b"")  # as they arrive
-    ns = Namespace(Path(argv[0]))
-    try:
-        applied = ns.reload_snapshot(pieces)
-    except protocol.WireError as exc:
-        print(exc, file=sys.stderr)
-        return _BAD_SNAPSHOT
-    finally:
-        ns.close(seal=False)  # the mount's namespace is still open: it seals at its close
-    sys.stdout.buffer.write(pickle.dumps(applied, protocol=pickle.HIGHEST_PROTOCOL))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -10,8 +10,9 @@ import trio
 from spoke_fakes import poll_until
 
 from spokefs.jobs import orders as orders_module
+from spokefs.jobs.in_flight import InFlight
 from spokefs.jobs.orders import Orders
-from spokefs.jobs.replay import InFlight, Replayer
+from spokefs.jobs.replay import Replayer
 from spokefs.jobs.trace_file import Entry
 from tests.spokefs.test_replay import _setup
 
