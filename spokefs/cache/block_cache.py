@@ -71,9 +71,9 @@ Invariants:
   64 MiB). A full map or disk (MapFullError, ENOSPC) evicts an eighth of the cache and retries
   once; a fill that still cannot be stored is dropped (counted), never a failed read.
 - ``blocks/`` (data.mdb, lock.mdb, the access clock's file) is at most ``bound_bytes``:
-  ``BOUND_RATIO`` (1.10) times ``max_bytes``, at least ``max_bytes`` + 1 MiB. The LMDB map is
-  that bound less the other files, and LMDB never grows data.mdb past its map. The bytes
-  rule alone does not keep the file there: LMDB reuses a freed page only from the
+  ``layout.BOUND_RATIO`` (1.10) times ``max_bytes``, at least ``max_bytes`` + 1 MiB. The
+  LMDB map is that bound less the other files, and LMDB never grows data.mdb past its map.
+  The bytes rule alone does not keep the file there: LMDB reuses a freed page only from the
   transaction after next, so the file also holds the last two write batches' freed pages
   (hence batches of 1/64 of the cache: at 64 MiB, 1.35x a 128 MiB cache was measured through
   a mount), and small values leave free runs too short for a chunk. So a fill also evicts
@@ -156,6 +156,7 @@ import lmdb
 import trio
 
 from spokefs import metrics
+from spokefs.cache import layout
 from spokefs.cache.chunk_reader import (
     ORIGIN_DEMAND,
     ORIGIN_PREFETCH,
@@ -186,11 +187,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-BOUND_RATIO = 1.10
-"""``blocks/`` (data.mdb, lock.mdb and the side files) stays within this times ``max_bytes``,
-or ``max_bytes + _MIN_SLACK_BYTES`` if more (a tiny cache); the LMDB map is that bound less
-the other files (see "Invariants")."""
-_MIN_SLACK_BYTES = 1 << 20  # a few batches and the side files: a cache under 10 MiB needs it
 _READ_THREADS = 8
 _MAP_FULL_FREE = 8  # a full map or disk frees 1/8 of the cache before the one retry
 _HAND_LIMIT = 4096  # protected entries the hand may look at per transaction
@@ -308,10 +304,7 @@ class BlockCache:
         metrics.CACHE_CAPACITY.set(max_bytes)
         self._publish()
 
-    @staticmethod
-    def bound_bytes(max_bytes: int) -> int:
-        """The most ``blocks/`` holds for a quota of ``max_bytes`` (see ``BOUND_RATIO``)."""
-        return max_bytes + max(int(max_bytes * (BOUND_RATIO - 1)), _MIN_SLACK_BYTES)
+    bound_bytes = staticmethod(layout.bound_bytes)
 
     # -- lifecycle ------------------------------------------------------------------
 

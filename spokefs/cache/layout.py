@@ -34,6 +34,19 @@ from dataclasses import dataclass
 
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS
 
+BOUND_RATIO = 1.10
+"""``blocks/`` (data.mdb, lock.mdb and the side files) stays within this times ``max_bytes``,
+or ``max_bytes + _MIN_SLACK_BYTES`` if more (a tiny cache); the LMDB map is that bound less
+the other files (``block_cache``, "Invariants")."""
+_MIN_SLACK_BYTES = 1 << 20  # a few batches and the side files: a cache under 10 MiB needs it
+
+
+def bound_bytes(max_bytes: int) -> int:
+    """The most ``blocks/`` holds for a quota of ``max_bytes`` (see ``BOUND_RATIO``). Here,
+    not in ``block_cache``: a serving worker needs it to open the cache read-only, and
+    ``block_cache``'s imports (the metrics) cost its start 20-30 ms of CPU."""
+    return max_bytes + max(int(max_bytes * (BOUND_RATIO - 1)), _MIN_SLACK_BYTES)
+
 LAYOUT = 3
 """1: one "chunks" db with the header inside the value (1.06x, 2x for lone blocks); 2: no
 whole-chunk checksum (a read verified every 4 KiB block on its own)."""

@@ -42,7 +42,7 @@ import sys
 
 import trio
 
-from spokefs.cache.block_cache import BlockCache
+from spokefs.cache.layout import bound_bytes
 from spokefs.fuse.io_size import whole_read_max
 from spokefs.fuse.read_loop import HIT_BATCH, ReadLoop  # C, built with the package
 from spokefs.fuse.worker_channel import (
@@ -76,7 +76,7 @@ def open_loop(setup: WorkerSetup, fd: int) -> ReadLoop:
     cfg = setup.cfg
     return ReadLoop(
         fd, str(cfg.cache_dir / "namespace"), str(cfg.cache_dir / "blocks"),
-        BlockCache.bound_bytes(cfg.cache_max_bytes), cfg.uid, cfg.gid, cfg.attr_timeout_s,
+        bound_bytes(cfg.cache_max_bytes), cfg.uid, cfg.gid, cfg.attr_timeout_s,
         whole_read_max(cfg), setup.threads)
 
 
