@@ -311,7 +311,7 @@ async def _namespace_and_trace(
     cfg: SpokeConfig, hub: HubClient, refresher: Refresher
 ) -> tuple[NamespaceInfo, list[Entry] | None]:
     """The namespace replicated, and the trace of ``--replay`` read beside it: parsing one
-    costs ~13 ms per 6,000 entries on this machine, time the download's round trips leave
+    costs ~17 ms per 6,000 entries on this machine, time the download's round trips leave
     idle. A bad trace fails the mount at once (the download cancelled), before anything is
     mounted."""
     trace: list[list[Entry]] = []

@@ -92,3 +92,8 @@ def test_trace_files_round_trip_and_bad_ones_are_refused():
                       (b'["a", 1, 1, "x"]', "not a trace entry")):
         with pytest.raises(UserError, match=why):
             loads(good_head + b"\n" + line + b"\n", "t")
+    # one entry a line: two on a line, or one split over two, are not a trace
+    for body in (b'["a", 1, 1, null], ["b", 1, 1, null]\n',
+                 b'["a", 1\n1, null]\n'):
+        with pytest.raises(UserError, match="line 2: not a trace entry"):
+            loads(good_head + b"\n" + body, "t")
