@@ -483,13 +483,8 @@ def block_counts(url: str | None) -> tuple[float, float] | None:
 def _hits_and_misses(samples: dict[str, float]) -> tuple[float, float] | None:
     """(block hits, block misses) of a scrape's samples, each summed over its labels; None
     when the scrape has none (the mount did not answer)."""
-    sums = {name: 0.0 for name in HIT_KEYS}
-    for key, value in samples.items():
-        name = key.split("{", 1)[0]
-        if name in sums:
-            sums[name] += value
-    return (sums[HIT_KEYS[0]], sums[HIT_KEYS[1]]) if any(
-        key.split("{", 1)[0] == HIT_KEYS[0] for key in samples) else None
+    sums = bl.summed_over_labels(samples)
+    return (sums[HIT_KEYS[0]], sums.get(HIT_KEYS[1], 0.0)) if HIT_KEYS[0] in sums else None
 
 
 def _counts_and_misses(url: str | None) -> tuple[tuple[float, float] | None, dict[str, float]]:

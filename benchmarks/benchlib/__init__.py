@@ -54,6 +54,7 @@ from .meters import (
     reads_settled,
     scrape,
     scrape_counted,
+    summed_over_labels,
     top_processes,
     tree_cpu_ticks,
     tree_pids,
@@ -110,6 +111,7 @@ __all__ = [
     "grade", "grades_json", "is_mounted", "jsonable", "kill_mount", "link_counters",
     "machine_ticks", "markdown_table", "native_mount", "open_link", "print_goals",
     "proc_cpu_ticks", "rclone_mount", "rclone_serve", "reads_settled", "run_hub", "run_info",
-    "save_record", "scrape", "scrape_counted", "spoke_mount", "top_processes", "tree_cpu_ticks",
+    "save_record", "scrape", "scrape_counted", "spoke_mount", "summed_over_labels",
+    "top_processes", "tree_cpu_ticks",
     "tree_pids", "unmount", "wait_mounted", "wait_port", "wait_workers", "warm_spoke", "which",
 ]

@@ -166,10 +166,17 @@ def scrape(url: str | None, prefixes: tuple[str, ...] = ("",), sum_labels: bool 
         if line.startswith("#") or not line.startswith(prefixes):
             continue
         key, _, value = line.rpartition(" ")
-        if sum_labels:
-            key = key.split("{", 1)[0]
         with contextlib.suppress(ValueError):
-            out[key] = out.get(key, 0.0) + float(value) if sum_labels else float(value)
+            out[key] = float(value)
+    return summed_over_labels(out) if sum_labels else out
+
+
+def summed_over_labels(samples: dict[str, float]) -> dict[str, float]:
+    """A scrape's samples keyed by the bare metric name, each summed over its labels."""
+    out: dict[str, float] = {}
+    for key, value in samples.items():
+        name = key.split("{", 1)[0]
+        out[name] = out.get(name, 0.0) + value
     return out
 
 
