@@ -4,9 +4,10 @@ cache already holds every file (issue 22, "one READ per file").
 
 A real hubd and a real spoke mount (its default options); every file is read once (``cat``)
 so the spoke's cache holds it, then each workload runs with the kernel's page cache of its
-files dropped (``posix_fadvise(DONTNEED)`` per file), and the spoke's own counters say what it
-served: ``spokefs_reads_total`` (FUSE READ requests) and ``spokefs_read_bytes_total`` (bytes
-returned). Counts, not times: the figures do not depend on a busy machine.
+files dropped (``benchlib.page_cache.drop_pages``: DONTNEED, checked with mincore), and the
+spoke's own counters say what it served: ``spokefs_reads_total`` (FUSE READ requests) and
+``spokefs_read_bytes_total`` (bytes returned). Counts, not times: the figures do not
+depend on a busy machine.
 
 Workloads:
 
@@ -51,6 +52,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
 import benchlib as bl  # noqa: E402
+from benchlib.page_cache import drop_pages  # noqa: E402
 
 from tests.helpers.treegen import tar_of_members  # noqa: E402
 
@@ -101,16 +103,6 @@ def build(root: Path, files: int, large_mib: int) -> dict[str, list[str]]:
 
 
 # -- the workloads --------------------------------------------------------------------------
-
-
-def drop_pages(paths: list[Path]) -> None:
-    """Evict the kernel's cached pages of these files, so their next reads reach the spoke."""
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def read_pil(paths: list[Path]) -> int:
@@ -176,7 +168,8 @@ def rand_python(path: Path, count: int) -> int:
 def measure(metrics_url: str | None, paths: list[Path],
             run: Callable[[], int]) -> dict[str, Any]:
     """Run one workload on page-cache-cold files; what the spoke served for it."""
-    drop_pages(paths)
+    for p in paths:  # checked gone (DONTNEED alone is best effort), so every read reaches it
+        drop_pages(p)
     before = bl.scrape_counted(paths[0], metrics_url, ("spokefs_read",), sum_labels=True)
     asked = run()
     after = bl.scrape_counted(paths[0], metrics_url, ("spokefs_read",), sum_labels=True)
