@@ -55,8 +55,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
+#include "../native/xxh3_dispatch.h"
 
 #define BLOCK_SIZE 4096
 #define CHUNK_BLOCKS 16
@@ -613,14 +612,11 @@ static uint64_t span_hash(const unsigned char *value, size_t vlen, const struct 
                           size_t start, size_t stop)
 {
     if (stop <= vlen)
-        return XXH3_64bits(value + start, stop - start);
-    XXH3_state_t st;
-    XXH3_64bits_reset(&st);
-    if (start < vlen)
-        XXH3_64bits_update(&st, value + start, vlen - start);
+        return sf_xxh3(value + start, stop - start);
     size_t t0 = start > vlen ? start - vlen : 0;
-    XXH3_64bits_update(&st, hd->tail + t0, stop - vlen - t0);
-    return XXH3_64bits_digest(&st);
+    if (start >= vlen)
+        return sf_xxh3(hd->tail + t0, stop - vlen - t0);
+    return sf_xxh3_pair(value + start, vlen - start, hd->tail, stop - vlen);
 }
 
 /* A value's pages, page-aligned */

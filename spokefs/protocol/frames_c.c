@@ -12,9 +12,11 @@
  *   frame_file(fd, offset, size, file_id, version, first_frame) -> framed bytes | None
  *       ``size`` bytes of the file at ``offset`` read (preadv) straight into their frames:
  *       one copy, no bytes object of the data. None: the file ended first. OSError.
+ *   xxh3_unit() -> "avx2" | "baseline": the vector unit the hashes run on.
  *
- * xxHash comes from Debian's libxxhash-dev as a header only (XXH_INLINE_ALL): no library to
- * link or ship. XXH3_64bits_withSeed is what python-xxhash's xxh3_64 computes. */
+ * The hashes are xxHash's XXH3_64bits_withSeed (what python-xxhash's xxh3_64 computes), from
+ * Debian's libxxhash-dev as a header only, on the widest vector unit the CPU has
+ * (spokefs/native/xxh3_dispatch.c): no library to link or ship. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -23,8 +25,7 @@
 #include <string.h>
 #include <sys/uio.h>
 
-#define XXH_INLINE_ALL
-#include <xxhash.h>
+#include "../native/xxh3_dispatch.h"
 
 #define DATA_BYTES 4096
 #define SUM_BYTES 8
@@ -76,7 +77,7 @@ static PyObject *unframe(PyObject *self, PyObject *args)
         Py_ssize_t len = (k == frames - 1 ? last : FRAME_BYTES) - SUM_BYTES;
         const unsigned char *frame = src + k * FRAME_BYTES;
         uint64_t want = load_le64(frame + len);
-        if (XXH3_64bits_withSeed(frame, (size_t)len, seed_of(file_id, version, first + k))
+        if (sf_xxh3_seeded(frame, (size_t)len, seed_of(file_id, version, first + k))
                 != want) {
             bad = k;
             break;
@@ -114,7 +115,7 @@ static PyObject *frame(PyObject *self, PyObject *args)
         Py_ssize_t len = k == frames - 1 ? n - k * DATA_BYTES : DATA_BYTES;
         unsigned char *to = dst + k * FRAME_BYTES;
         memcpy(to, src + k * DATA_BYTES, (size_t)len);
-        store_le64(to + len, XXH3_64bits_withSeed(to, (size_t)len,
+        store_le64(to + len, sf_xxh3_seeded(to, (size_t)len,
                                                   seed_of(file_id, version, first + k)));
     }
     Py_END_ALLOW_THREADS
@@ -169,7 +170,7 @@ static PyObject *frame_file(PyObject *self, PyObject *args)
         for (Py_ssize_t k = 0; k < frames; k++) {
             Py_ssize_t len = k == frames - 1 ? n - k * DATA_BYTES : DATA_BYTES;
             unsigned char *at = dst + k * FRAME_BYTES;
-            store_le64(at + len, XXH3_64bits_withSeed(at, (size_t)len,
+            store_le64(at + len, sf_xxh3_seeded(at, (size_t)len,
                                                       seed_of(file_id, version, first + k)));
         }
     }
@@ -186,7 +187,14 @@ static PyObject *frame_file(PyObject *self, PyObject *args)
     return out;
 }
 
+static PyObject *xxh3_unit(PyObject *self, PyObject *unused)
+{
+    return PyUnicode_FromString(sf_xxh3_unit());
+}
+
 static PyMethodDef methods[] = {
+    {"xxh3_unit", xxh3_unit, METH_NOARGS,
+     "xxh3_unit() -> \"avx2\" or \"baseline\": the vector unit the hashes run on"},
     {"unframe", unframe, METH_VARARGS,
      "unframe(body, file_id, version, first_frame) -> (data, -1) or (None, bad frame)"},
     {"frame", frame, METH_VARARGS,

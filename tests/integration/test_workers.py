@@ -105,8 +105,12 @@ def test_every_byte_and_every_read_counted_whichever_process_serves(
     assert m["spokefs_worker_restarts_total"] == 0
 
 
+@pytest.mark.parametrize("xxh3", ["default", "baseline"])
 def test_workers_serve_cached_reads_while_the_coordinator_is_stopped(
-        src, hub_factory, mount_factory, free_port):
+        src, hub_factory, mount_factory, free_port, monkeypatch, xxh3):
+    # every byte the worker serves passed its checksum in C (a failed one would go to the
+    # stopped coordinator and time out), on AVX2 where the CPU has it and on the baseline
+    monkeypatch.setenv("SPOKEFS_XXH3", xxh3)
     hub = hub_factory(root=src)
     spoke = mounted_with_workers(mount_factory, hub.url, 3, free_port)
     want = files_of(src)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -28,6 +31,42 @@ def test_the_native_part_is_built() -> None:
     """deploy/setup.sh installs a compiler and xxHash's header: the C part must be there
     (the Python loop is the fallback for hub hosts without a compiler, not for CI)."""
     assert frames.NATIVE
+
+
+def test_the_hashes_run_on_the_widest_unit_and_both_units_agree() -> None:
+    """The C parts hash on AVX2 where the CPU has it (spokefs/native/xxh3_dispatch.c), and
+    ``SPOKEFS_XXH3=baseline`` picks the baseline build: each unit frames every length and id
+    as python-xxhash's loop does, and checks the other's frames."""
+    assert frames.frames_c.xxh3_unit() == ("avx2" if _cpu_has_avx2() else "baseline")
+    script = textwrap.dedent("""
+        import os, random, sys
+        from spokefs.protocol import frames
+        lengths, ids = eval(sys.argv[1]), eval(sys.argv[2])
+        rng = random.Random(7)
+        for length in lengths + (100, 239, 240, 241, 8191):
+            data = rng.randbytes(length)
+            for i in ids:
+                native = frames.encode_frames(data, *i)
+                assert frames.unframe(native, *i) == data
+                frames.NATIVE = False
+                assert native == frames.encode_frames(data, *i)
+                frames.NATIVE = True
+                sys.stdout.buffer.write(native)
+        print(frames.frames_c.xxh3_unit(), file=sys.stderr)
+    """)
+    outs = {}
+    for unit in ("default", "baseline"):
+        env = {**os.environ, "SPOKEFS_XXH3": unit}
+        done = subprocess.run([sys.executable, "-c", script, repr(LENGTHS), repr(IDS)], env=env,
+                              capture_output=True, check=True)
+        outs[done.stderr.decode().strip()] = done.stdout
+    assert "baseline" in outs
+    assert len(set(outs.values())) == 1  # (one entry where the CPU has no AVX2)
+
+
+def _cpu_has_avx2() -> bool:
+    with open("/proc/cpuinfo") as f:
+        return any(line.startswith("flags") and " avx2" in line for line in f)
 
 
 @pytest.mark.parametrize("length", LENGTHS)
