@@ -30,9 +30,9 @@ Coordinator -> worker:
 Events (``HIT``, ``LISTED``) are queued and sent together by one task, so a busy worker makes
 one ``send`` per batch, not one per read. Hits go as one ``HIT`` message per batch, taken from
 the worker's collector when the batch is sent (``queue_collected``), and a batch of hits waits
-up to ``collect_delay_s`` (5 ms in a worker) for more, or until 64 are gathered, or until a
-request goes out (which carries them ahead of itself): the coordinator pays per message, and
-without the wait a busy worker's batches held 1.1 hits.
+up to ``collect_delay_s`` (50 ms in a worker) for more, or until 64 or 4 MiB of them are
+gathered, or until a request goes out (which carries them ahead of itself): the coordinator
+pays per message, and without the wait a busy worker's batches held 1.1 hits.
 """
 
 from __future__ import annotations
