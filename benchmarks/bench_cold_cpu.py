@@ -21,6 +21,12 @@ process it samples: profile passes are for shares, plain passes for the figures.
 With ``--baseline-src DIR`` the same passes run with the spoke and hubd of another checkout
 (e.g. ``git worktree add /tmp/base REV``), interleaved, on the same data.
 
+Each run also measures two floors of this machine, for the workload's bytes (``floors``): the
+CPU a process spends reading the files cold from disk (page cache dropped; ``pread`` of each
+small file whole, of each shard 1 MiB at a time) and sending that many bytes over a loopback
+TCP connection (1 MiB ``sendall``s), per GB. A hub that reads a directory and answers over
+TCP pays at least both, whatever its code.
+
     python benchmarks/bench_cold_cpu.py [--workloads shards,small] [--runs 3]
         [--shards 8] [--shard-mib 128] [--files 6000] [--profile DIR] [--baseline-src DIR]
 
@@ -36,9 +42,12 @@ import multiprocessing as mp
 import os
 import random
 import re
+import resource
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -132,6 +141,52 @@ def read_with(readers: int, paths: list[str]) -> int:
 # -- profiles -----------------------------------------------------------------------------
 
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^():]+)(?::\d+)?\)$")
+
+
+def _thread_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_THREAD)
+    return r.ru_utime + r.ru_stime
+
+
+def floors(paths: list[Path], slice_bytes: int | None) -> dict[str, float]:
+    """This machine's CPU-s per GB to read ``paths`` cold from disk (one ``pread`` per file,
+    or per ``slice_bytes``) and to send as many bytes over loopback TCP (see the docstring)."""
+    bl.drop_caches()
+    nbytes, t0 = 0, _thread_cpu_s()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            off = 0
+            while off < size:
+                got = len(os.pread(fd, slice_bytes or size, off))
+                if not got:
+                    break
+                off, nbytes = off + got, nbytes + got
+        finally:
+            os.close(fd)
+    read_s = _thread_cpu_s() - t0
+    with socket.create_server(("127.0.0.1", 0)) as srv:
+        port = srv.getsockname()[1]
+
+        def drain() -> None:
+            with socket.create_connection(("127.0.0.1", port)) as c:
+                buf = bytearray(1 << 20)
+                while c.recv_into(buf):
+                    pass
+
+        t = threading.Thread(target=drain)
+        t.start()
+        conn, _ = srv.accept()
+        data, left, t0 = os.urandom(1 << 20), nbytes, _thread_cpu_s()
+        with conn:
+            while left > 0:
+                conn.sendall(data[:left])
+                left -= len(data)
+            send_s = _thread_cpu_s() - t0
+        t.join()
+    return {"read_cpu_s_per_gb": read_s / (nbytes / GB),
+            "send_cpu_s_per_gb": send_s / (nbytes / GB)}
 
 
 def start_profile(pid: int, out: Path) -> subprocess.Popen[bytes]:
@@ -258,6 +313,13 @@ def main() -> int:
             raise SystemExit(f"unknown workload {workload!r} (shards, small)")
         root = paths[0].parent if readers == SHARD_READERS else paths[0].parents[1]
         for run in range(args.runs):
+            floor = floors(paths, 1 << 20 if workload == "shards" else None)
+            record["passes"].append({"workload": workload, "system": "floors", "run": run,
+                                     **floor})
+            for k, v in floor.items():
+                figures.setdefault((workload, "floors"), {}).setdefault(k, bl.Figure()).add(v)
+            print(f"{workload}-floors-{run}: reading cold {floor['read_cpu_s_per_gb']:.2f} "
+                  f"CPU-s/GB, sending on loopback {floor['send_cpu_s_per_gb']:.2f}", flush=True)
             for name, src in systems:
                 label = name or "this"
                 with bl.run_hub(root, work / f"hubd-{label}.log", deadline, src=src) as hub:
@@ -283,9 +345,14 @@ def main() -> int:
                         for fn, share in prof["inclusive_by_file"][:12]:
                             print(f"    {share:6.1%}  {fn}")
     rows = [[w, s, f["spoke_cpu_s_per_gb"].text("{:.2f}"), f["hub_cpu_s_per_gb"].text("{:.2f}"),
-             f["gb_per_s"].text("{:.2f}")] for (w, s), f in figures.items()]
+             f["gb_per_s"].text("{:.2f}")] for (w, s), f in figures.items() if s != "floors"]
     print(bl.markdown_table(["workload", "system", "spoke CPU-s/GB", "hub CPU-s/GB", "GB/s"],
                             rows))
+    rows = [[w, f["read_cpu_s_per_gb"].text("{:.2f}"), f["send_cpu_s_per_gb"].text("{:.2f}")]
+            for (w, s), f in figures.items() if s == "floors"]
+    print("\nThis machine's floors (CPU-s per GB of the workload's bytes):\n"
+          + bl.markdown_table(["workload", "reading the files cold", "sending on loopback TCP"],
+                              rows))
     record["figures"] = {f"{w}/{s}": {k: v.summary() for k, v in f.items()}
                          for (w, s), f in figures.items()}
 
@@ -294,6 +361,10 @@ def main() -> int:
         fig = figures.get((workload, "this"), {}).get(key)
         base = figures.get((workload, "baseline"), {}).get(key)
         note = f"baseline {base.median():.2f}" if base is not None and base.samples else ""
+        floor = figures.get((workload, "floors"), {})
+        if key == "hub_cpu_s_per_gb" and floor:
+            least = floor["read_cpu_s_per_gb"].median() + floor["send_cpu_s_per_gb"].median()
+            note = (note + "; " if note else "") + f"this machine's floor {least:.2f}"
         if args.smoke:
             note = (note + "; " if note else "") + "smoke sizes: not a figure"
         return (fig.median() if fig is not None else None), note

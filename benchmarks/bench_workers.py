@@ -11,7 +11,12 @@ Two workloads, each read by shell commands a user would type (the readers are ne
   read by ``find ROOT -type f | xargs -P 8 -n 64 cat > /dev/null`` (8 readers);
 - **seq**: ``--shards`` files of ``--shard-mib`` MiB of random bytes (8 x 256 MiB), read by
   ``find ROOT -type f -name 'shard-*' | xargs -P 4 -n 1 cat > /dev/null`` (4 readers, one
-  shard each at a time).
+  shard each at a time);
+- **paced** (asked for by name): the first ``--paced-files`` of the small files (2,400) read
+  by one reader at ``--paced-rate`` files/s (300: ``paced_read.py``), as a job that decodes
+  each sample takes them. The files/s are the pace; the figure is the spoke's CPU per file
+  when its hits come slowly (each message from the worker to the coordinator then carries
+  few).
 
 One hubd per workload on loopback (no link emulator: once the cache holds everything the
 hub is not asked for a byte; every pass checks that the spoke fetched no block). Per
@@ -93,6 +98,8 @@ ALL_CONFIGS = ("local,w0,w1,w2,w8,w1-cpu0,w2-cpu0,w1-cpu01,w2-cpu01,w2-split,nat
 SMOKE_CONFIGS = "local,w0,w1,w2,w2-cpu0,w1-cpu01,w2-cpu01,w2-split"
 SMALL_CMD = "find {root} -type f | xargs -P 8 -n 64 cat > /dev/null"
 SEQ_CMD = "find {root} -type f -name 'shard-*' | xargs -P 4 -n 1 cat > /dev/null"
+PACED_CMD = ("find {root} -type f | LC_ALL=C sort | head -n {files} | "
+             f"{sys.executable} {HERE / 'paced_read.py'} --rate {{rate}}")
 SAMPLE_FILES, SAMPLE_SHARD_BYTES = 64, 8 * MIB
 SCALE_LABELS = {"scale-any": "any CPU", "scale-cpu0": "CPU 0", "scale-cpu01": "CPUs 0,1"}
 SETTLE_S = 0.5  # after the workers are up: the remount's first namespace poll
@@ -189,7 +196,7 @@ def parse_configs(text: str) -> list[Config]:
 
 @dataclass
 class Workload:
-    name: str  # small, seq
+    name: str  # small, seq, paced
     root: Path
     rels: list[str]
     sizes: list[int]
@@ -199,6 +206,11 @@ class Workload:
     @property
     def total_bytes(self) -> int:
         return sum(self.sizes)
+
+    @property
+    def per_file(self) -> bool:
+        """Figures per file (small files), not per byte (shards)."""
+        return self.name != "seq"
 
 
 def check_space(args: argparse.Namespace, work: Path) -> str | None:
@@ -235,6 +247,17 @@ def workloads(args: argparse.Namespace, work: Path) -> list[Workload]:
             ds: DataSet = ensure_dataset(work, args.files, args.dirs, args.seed)
             print(f"small: {ds.describe()}", flush=True)
             out.append(Workload(name, ds.root, ds.rels, ds.sizes, SMALL_CMD, ds.digests))
+        elif name == "paced":
+            ds = ensure_dataset(work, args.files, args.dirs, args.seed)
+            # the files `find | LC_ALL=C sort | head` names, in that order
+            first = sorted(range(len(ds.rels)), key=lambda i: ds.rels[i].encode())
+            first = first[:args.paced_files]
+            command = PACED_CMD.format(root="{root}", files=len(first), rate=args.paced_rate)
+            out.append(Workload(name, ds.root, [ds.rels[i] for i in first],
+                                [ds.sizes[i] for i in first], command,
+                                [ds.digests[i] for i in first]))
+            print(f"paced: {len(first)} of the small files at {args.paced_rate:g} files/s",
+                  flush=True)
         elif name == "seq":
             paths = ensure_shards(work, args.shards, args.shard_mib)
             root = paths[0].parent
@@ -242,7 +265,7 @@ def workloads(args: argparse.Namespace, work: Path) -> list[Workload]:
                                 [p.stat().st_size for p in paths], SEQ_CMD))
             print(f"seq: {len(paths)} x {args.shard_mib} MiB under {root}", flush=True)
         else:
-            raise SystemExit(f"--workloads: unknown {name!r} (small, seq)")
+            raise SystemExit(f"--workloads: unknown {name!r} (small, seq, paced)")
     return out
 
 
@@ -275,7 +298,7 @@ def check_seq(wl: Workload, mnt: Path, limit: int | None) -> list[str]:
 
 def check_bytes(wl: Workload, mnt: Path, full: bool, seed: int) -> tuple[int, list[str]]:
     """(files checked, files that differ)."""
-    if wl.name == "small":
+    if wl.digests is not None:
         idx = list(range(len(wl.rels)))
         if not full:
             idx = random.Random(seed).sample(idx, min(SAMPLE_FILES, len(idx)))
@@ -462,7 +485,7 @@ def figures_of(wl: Workload, p: dict[str, Any], local: dict[str, Any] | None) ->
     files, nbytes = len(wl.rels), wl.total_bytes
     f: dict[str, Any] = {"files_per_s": files / p["wall_s"],
                          "mb_per_s": nbytes / 1e6 / p["wall_s"]}
-    rate = "files_per_s" if wl.name == "small" else "mb_per_s"
+    rate = "files_per_s" if wl.per_file else "mb_per_s"
     if local is not None:
         f["ratio"] = f[rate] / local[rate]
     if "spoke_cpu_s" in p:
@@ -522,7 +545,7 @@ def run(args: argparse.Namespace, configs: list[Config], wls: list[Workload], ru
 
 def report_pass(wl: Workload, p: dict[str, Any], problems: list[str]) -> None:
     f = p["figures"]
-    rate = (f"{f['files_per_s']:.0f} files/s" if wl.name == "small"
+    rate = (f"{f['files_per_s']:.0f} files/s" if wl.per_file
             else f"{f['mb_per_s']:.0f} MB/s")
     line = f"{wl.name} run {p['run']} {p['name']}: {rate} in {p['wall_s']:.2f} s"
     if "ratio" in f:
@@ -569,12 +592,12 @@ def summarise(record: dict[str, Any], wls: list[Workload]) -> dict[str, dict[str
         d = figs.setdefault(f"{p['workload']}/{p['config']}", {})
         for k, v in p["figures"].items():
             d.setdefault(k, bl.Figure()).add(v)
-    rate = {"small": "files_per_s", "seq": "mb_per_s"}
     for wl in wls:
         for cpus in ("", "-cpu0", "-cpu01"):
             fig = bl.Figure()
             for r in {p["run"] for p in record["passes"]}:
-                by = {p["config"]: p["figures"][rate[wl.name]] for p in record["passes"]
+                rate = "files_per_s" if wl.per_file else "mb_per_s"
+                by = {p["config"]: p["figures"][rate] for p in record["passes"]
                       if p["workload"] == wl.name and p["run"] == r}
                 if f"w1{cpus}" in by and f"w2{cpus}" in by:
                     fig.add(by[f"w2{cpus}"] / by[f"w1{cpus}"])
@@ -587,7 +610,7 @@ def tables(figs: dict[str, dict[str, bl.Figure]], configs: list[Config],
            wls: list[Workload]) -> str:
     out = []
     for wl in wls:
-        small = wl.name == "small"
+        small = wl.per_file
         head = (["configuration", "files/s", "x local", "spoke CPU ms/file", "spoke cores"]
                 if small else ["configuration", "MB/s", "x local", "spoke CPU s/GB",
                                "spoke cores"])
@@ -633,7 +656,9 @@ def main() -> int:
     ap.add_argument("--shards", type=int, default=8)
     ap.add_argument("--shard-mib", type=int, default=256)
     ap.add_argument("--configs", default=ALL_CONFIGS)
-    ap.add_argument("--workloads", default="small,seq")
+    ap.add_argument("--workloads", default="small,seq", help="small, seq, paced")
+    ap.add_argument("--paced-files", type=int, default=2400)
+    ap.add_argument("--paced-rate", type=float, default=300.0, help="files/s")
     ap.add_argument("--work-dir", type=Path, default=Path("/var/tmp/spokefs-workers"))
     ap.add_argument("--keep", action="store_true", help="keep the run's caches and logs")
     ap.add_argument("--max-seconds", type=float, default=3600.0)

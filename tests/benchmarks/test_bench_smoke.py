@@ -161,7 +161,11 @@ def test_bench_cold_cpu_smoke(tmp_path: Path) -> None:
     check_grades(record)
     assert {p["workload"] for p in record["passes"]} == {"shards", "small"}
     for p in record["passes"]:
-        assert p["spoke_cpu_s_per_gb"] > 0 and p["hub_cpu_s_per_gb"] > 0, p
+        if p["system"] == "floors":  # this machine's, beside hubd's figure
+            assert p["read_cpu_s_per_gb"] > 0 and p["send_cpu_s_per_gb"] > 0, p
+        else:
+            assert p["spoke_cpu_s_per_gb"] > 0 and p["hub_cpu_s_per_gb"] > 0, p
+    assert {p["system"] for p in record["passes"]} == {"this", "floors"}
 
 
 @pytest.mark.fuse
@@ -210,6 +214,25 @@ def test_bench_workers_smoke(tmp_path: Path) -> None:
     assert all(f["wrong"] == [] and f["checked"] > 0 for f in record["fills"].values())
     scale = next(g for g in record["grades"] if g["key"] == "small/scale-cpu01")
     assert scale["verdict"] in ("PASS", "MISS"), scale
+
+
+@pytest.mark.fuse
+def test_bench_workers_paced_smoke(tmp_path: Path) -> None:
+    """The paced workload: one reader at a set pace over the first small files, each read
+    whole and counted, nothing fetched once the cache is filled."""
+    record = run_script("bench_workers.py", tmp_path, "--smoke", "--workloads", "paced",
+                        "--configs", "local,w0,w2", "--paced-files", "60", "--paced-rate",
+                        "200", "--work-dir", str(tmp_path / "work"))
+    assert record["error"] is None and record["problems"] == [], record
+    assert record["workloads"]["paced"]["files"] == 60
+    passes = {p["config"]: p for p in record["passes"]}
+    assert set(passes) == {"local", "w0", "w2"}
+    for config, p in passes.items():
+        assert p["figures"]["files_per_s"] <= 200 * 1.05, p  # the pace holds it
+        if config != "local":
+            assert p["counters"]["reads_total"] >= 60, p
+            assert p["counters"]["block_misses_total"] == 0, p
+            assert p["figures"]["cpu_ms_per_file"] > 0 and p["sample_wrong"] == [], p
 
 
 @pytest.mark.fuse
