@@ -98,8 +98,8 @@ ALL_CONFIGS = ("local,w0,w1,w2,w8,w1-cpu0,w2-cpu0,w1-cpu01,w2-cpu01,w2-split,nat
 SMOKE_CONFIGS = "local,w0,w1,w2,w2-cpu0,w1-cpu01,w2-cpu01,w2-split"
 SMALL_CMD = "find {root} -type f | xargs -P 8 -n 64 cat > /dev/null"
 SEQ_CMD = "find {root} -type f -name 'shard-*' | xargs -P 4 -n 1 cat > /dev/null"
-PACED_CMD = ("find {root} -type f | LC_ALL=C sort | head -n {files} | "
-             f"{sys.executable} {HERE / 'paced_read.py'} --rate {{rate}}")
+PACED_CMD = ("find {root} -type f | LC_ALL=C sort | "
+             f"{sys.executable} {HERE / 'paced_read.py'} --rate {{rate}} --limit {{files}}")
 SAMPLE_FILES, SAMPLE_SHARD_BYTES = 64, 8 * MIB
 SCALE_LABELS = {"scale-any": "any CPU", "scale-cpu0": "CPU 0", "scale-cpu01": "CPUs 0,1"}
 SETTLE_S = 0.5  # after the workers are up: the remount's first namespace poll
