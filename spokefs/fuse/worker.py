@@ -67,8 +67,9 @@ log = logging.getLogger("spokefs.fuse.worker")  # not "__main__": it runs with -
 # What a hit waits at most for others to go with it (``worker_channel``), unless HIT_BATCH
 # hits or HIT_BYTES of them are gathered first. Each message costs the worker's Python thread
 # and the coordinator a wake-up and a trip through their event loops, paid per hit where hits
-# come slowly: a reader pacing 300 files/s (a job that decodes) cost the spoke 0.66-0.76 ms
-# of CPU per file with 5 ms, against 0.29-0.34 with 50 ms (0.15 when hits come densely).
+# come slowly: a reader pacing 300 files/s (a job that decodes) cost the spoke 0.63-0.75 ms
+# of CPU per file with 5 ms, against 0.33-0.38 with 50 ms (bench_workers.py's paced
+# workload; 0.24 in the same hour when hits come densely).
 # 50 ms late is nothing to eviction, the trace or /metrics; a fast sequential reader, whom
 # the prefetcher must hear of promptly, fills HIT_BYTES (4 MiB) first.
 HIT_DELAY_S = 0.050
