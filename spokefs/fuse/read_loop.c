@@ -71,6 +71,7 @@
 /* The kernel refuses a read(2) of /dev/fuse into less than max_write plus the headers, and
  * libfuse offers max_write = 1 MiB (FUSE_MAX_MAX_PAGES pages) at INIT. */
 #define REQUEST_BUFFER ((1 << 20) + 64 * 1024)
+#define HIT_ENOUGH 8           /* hits worth a message 5 ms on (the module's HIT_ENOUGH) */
 #define HIT_BATCH 64           /* a full batch wakes Python at once (the module's HIT_BATCH) */
 #define HIT_BYTES (4u << 20)   /* ... and so do this many bytes of hits (the module's HIT_BYTES) */
 #define HITS_KEPT 8192         /* hits held while Python does not take them; beyond: dropped */
@@ -751,7 +752,7 @@ static int serve_cached(Loop *l, struct thread_state *t, const struct fuse_in_he
     pthread_mutex_lock(&l->lock);
     if (l->nhits < HITS_KEPT) {
         l->hits[l->nhits++] = hit;
-        wake = l->nhits == 1 || l->nhits == HIT_BATCH;
+        wake = l->nhits == 1 || l->nhits == HIT_ENOUGH || l->nhits == HIT_BATCH;
     } else {
         l->hits_dropped++;
     }
@@ -1396,7 +1397,8 @@ PyMODINIT_FUNC PyInit_read_loop(void)
     PyObject *m = PyModule_Create(&module);
     if (!m)
         return NULL;
-    if (PyModule_AddIntConstant(m, "HIT_BATCH", HIT_BATCH) < 0 ||
+    if (PyModule_AddIntConstant(m, "HIT_ENOUGH", HIT_ENOUGH) < 0 ||
+            PyModule_AddIntConstant(m, "HIT_BATCH", HIT_BATCH) < 0 ||
             PyModule_AddIntConstant(m, "HIT_BYTES", HIT_BYTES) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -2,6 +2,7 @@
 # from the LMDB namespace and block cache. See the C file's opening comment.
 from typing import Any
 
+HIT_ENOUGH: int  # hits gathered that are worth a message once the short wait is over
 HIT_BATCH: int  # hits gathered that wake the worker's Python thread at once
 HIT_BYTES: int  # bytes of hits gathered that wake it at once too
 

@@ -164,6 +164,47 @@ async def test_collected_messages_wait_for_company_but_not_longer_than_the_delay
         nursery.cancel_scope.cancel()
 
 
+async def test_a_batch_with_enough_goes_after_the_short_wait_and_one_without_waits_longer(
+) -> None:
+    """A slow reader's hits wait up to the long delay for ``enough`` company; once enough are
+    gathered they go after the short one (or at once, if it is over)."""
+    a, b = socket.socketpair()
+    ours = Channel(trio.SocketStream(trio.socket.from_stdlib_socket(a)))
+    theirs = Channel(trio.SocketStream(trio.socket.from_stdlib_socket(b)),
+                     collect_delay_s=0.05, collect_max_delay_s=0.4)
+    gathered: list[int] = []
+
+    def take() -> list[int]:
+        out = gathered[:]
+        gathered.clear()
+        return out
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(theirs.send_queued)
+        # never enough: the long wait
+        t0 = trio.current_time()
+        gathered.append(1)
+        theirs.queue_collected(HIT, take)
+        assert await ours.receive() == (HIT, [1])
+        assert 0.4 <= trio.current_time() - t0 < 0.6
+        # enough from the start: the short wait only
+        t0 = trio.current_time()
+        gathered.append(2)
+        theirs.queue_collected(HIT, take, enough=True)
+        assert await ours.receive() == (HIT, [2])
+        assert 0.05 <= trio.current_time() - t0 < 0.3
+        # enough once the short wait is over: at once then
+        t0 = trio.current_time()
+        gathered.append(3)
+        theirs.queue_collected(HIT, take)
+        await trio.sleep(0.15)
+        gathered.append(4)
+        theirs.queue_collected(HIT, take, enough=True)
+        assert await ours.receive() == (HIT, [3, 4])
+        assert 0.15 <= trio.current_time() - t0 < 0.35
+        nursery.cancel_scope.cancel()
+
+
 async def test_calls_match_replies_and_fail_when_the_coordinator_goes() -> None:
     ours, theirs, raw = pair()
     raw.close()
