@@ -78,6 +78,7 @@ log = logging.getLogger("spokefs.fuse.worker")  # not "__main__": it runs with -
 # (bench_workers.py's paced workload). But 50 ms alone left the coordinator up to 4 MiB
 # behind a reader taking files at the link's rate, and a job's told order fetched 3-5 % less
 # (train.py, spoke-order, 60 ms): at 8 hits it hears of such a reader as soon as before.
+# The paced reader costs 0.39-0.53 ms a file with this rule.
 HIT_DELAY_S = 0.005
 HIT_MAX_DELAY_S = 0.050
 
