@@ -129,17 +129,26 @@ def test_a_hello_that_is_not_a_setup_is_refused() -> None:
         WorkerSetup.decode(pickle.dumps({"not": "a setup"}))
 
 
-async def test_collected_messages_wait_for_company_but_not_longer_than_the_delay() -> None:
-    a, b = socket.socketpair()
-    ours = Channel(trio.SocketStream(trio.socket.from_stdlib_socket(a)))
-    theirs = Channel(trio.SocketStream(trio.socket.from_stdlib_socket(b)),
-                     collect_delay_s=0.2)
-    gathered: list[int] = []
+class Gathered(list[int]):
+    """A collector's list: ``take`` empties it and gives what it held."""
 
-    def take() -> list[int]:
-        out = gathered[:]
-        gathered.clear()
+    def take(self) -> list[int]:
+        out = self[:]
+        self.clear()
         return out
+
+
+def collecting_pair(**delays: float) -> tuple[Channel, Channel]:
+    """The coordinator's end and a worker's end whose batches wait as ``delays`` say."""
+    a, b = socket.socketpair()
+    return (Channel(trio.SocketStream(trio.socket.from_stdlib_socket(a))),
+            Channel(trio.SocketStream(trio.socket.from_stdlib_socket(b)), **delays))
+
+
+async def test_collected_messages_wait_for_company_but_not_longer_than_the_delay() -> None:
+    ours, theirs = collecting_pair(collect_delay_s=0.2)
+    gathered = Gathered()
+    take = gathered.take
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(theirs.send_queued)
@@ -168,16 +177,9 @@ async def test_a_batch_with_enough_goes_after_the_short_wait_and_one_without_wai
 ) -> None:
     """A slow reader's hits wait up to the long delay for ``enough`` company; once enough are
     gathered they go after the short one (or at once, if it is over)."""
-    a, b = socket.socketpair()
-    ours = Channel(trio.SocketStream(trio.socket.from_stdlib_socket(a)))
-    theirs = Channel(trio.SocketStream(trio.socket.from_stdlib_socket(b)),
-                     collect_delay_s=0.05, collect_max_delay_s=0.4)
-    gathered: list[int] = []
-
-    def take() -> list[int]:
-        out = gathered[:]
-        gathered.clear()
-        return out
+    ours, theirs = collecting_pair(collect_delay_s=0.05, collect_max_delay_s=0.4)
+    gathered = Gathered()
+    take = gathered.take
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(theirs.send_queued)
