@@ -29,12 +29,10 @@ Coordinator -> worker:
 
 Events (``HIT``, ``LISTED``) are queued and sent together by one task, so a busy worker makes
 one ``send`` per batch, not one per read. Hits go as one ``HIT`` message per batch, taken from
-the worker's collector when the batch is sent (``queue_collected``). A batch of hits waits
-``collect_delay_s`` (5 ms in a worker) for more, and then, while fewer than are ``enough``
-(8) are gathered, up to ``collect_max_delay_s`` (50 ms); it goes at once when 64 or 4 MiB of
-hits are gathered, or when a request goes out (which carries them ahead of itself). The
-coordinator pays per message: without the wait a busy worker's batches held 1.1 hits, and
-with 5 ms alone a slow reader's (a job that decodes) one or two.
+the worker's collector when the batch is sent (``queue_collected``), and a batch of hits waits
+up to ``collect_delay_s`` (5 ms in a worker) for more, or until 64 are gathered, or until a
+request goes out (which carries them ahead of itself): the coordinator pays per message, and
+without the wait a busy worker's batches held 1.1 hits.
 """
 
 from __future__ import annotations
@@ -97,13 +95,10 @@ def _exactly(sock: socket.socket, n: int) -> bytes:
 class Channel:
     """Messages over one end of the socketpair (trio)."""
 
-    def __init__(self, stream: trio.SocketStream, *, collect_delay_s: float = 0.0,
-                 collect_max_delay_s: float | None = None) -> None:
+    def __init__(self, stream: trio.SocketStream, *, collect_delay_s: float = 0.0) -> None:
         """Args:
             collect_delay_s: how long ``send_queued`` lets collectors gather before it sends
                 what they have (unless an event or a full collector asks for it sooner).
-            collect_max_delay_s: how long it waits at most while no collector has gathered
-                ``enough`` (None: ``collect_delay_s``).
         """
         self._stream = stream
         self._buf = bytearray()
@@ -111,10 +106,8 @@ class Channel:
         self._queued: list[bytes] = []
         self._collectors: dict[int, Callable[[], Any]] = {}
         self._collect_delay_s = collect_delay_s
-        self._collect_max_delay_s = max(collect_delay_s, collect_max_delay_s or 0.0)
         self._queue_ready = trio.Event()
         self._send_now = trio.Event()
-        self._enough = trio.Event()  # set with _send_now, or by a collector with enough
 
     async def send(self, kind: int, body: Any) -> None:
         """Send one message now (replies and requests: someone waits for it), after what the
@@ -130,20 +123,16 @@ class Channel:
         self._queued.append(encode(kind, body))
         self._queue_ready.set()
         self._send_now.set()
-        self._enough.set()
 
     def queue_collected(self, kind: int, collect: Callable[[], Any], *,
-                        now: bool = False, enough: bool = False) -> None:
+                        now: bool = False) -> None:
         """Have a batch carry one ``kind`` message whose body ``collect()`` gives when the
-        batch is sent (what was gathered until then): ``collect_delay_s`` on if the
-        collector has ``enough``, else within ``collect_max_delay_s``; at once with ``now``
-        (the collector is full)."""
+        batch is sent (what was gathered until then): within ``collect_delay_s``, at once
+        with ``now`` (the collector is full)."""
         self._collectors[kind] = collect
         self._queue_ready.set()
         if now:
             self._send_now.set()
-        if now or enough:
-            self._enough.set()
 
     async def send_queued(self) -> None:
         """Send queued events, a batch per ``send``, until the channel closes."""
@@ -152,12 +141,8 @@ class Channel:
             if self._collect_delay_s and not self._send_now.is_set():
                 with trio.move_on_after(self._collect_delay_s):
                     await self._send_now.wait()
-                if not self._enough.is_set():
-                    with trio.move_on_after(self._collect_max_delay_s - self._collect_delay_s):
-                        await self._enough.wait()
             self._queue_ready = trio.Event()
             self._send_now = trio.Event()
-            self._enough = trio.Event()
             batch, self._queued = self._queued, []
             if self._collectors:
                 batch.append(self._take_collected())
