@@ -249,7 +249,7 @@ def workloads(args: argparse.Namespace, work: Path) -> list[Workload]:
             out.append(Workload(name, ds.root, ds.rels, ds.sizes, SMALL_CMD, ds.digests))
         elif name == "paced":
             ds = ensure_dataset(work, args.files, args.dirs, args.seed)
-            # the files `find | LC_ALL=C sort | head` names, in that order
+            # the first files `find | LC_ALL=C sort` names, in that order (paced_read.py --limit)
             first = sorted(range(len(ds.rels)), key=lambda i: ds.rels[i].encode())
             first = first[:args.paced_files]
             command = PACED_CMD.format(root="{root}", files=len(first), rate=args.paced_rate)
