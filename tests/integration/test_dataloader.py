@@ -84,8 +84,13 @@ def test_dataloader_reads_every_sample(tmp_path: Path, hub_factory, mount_factor
         timeout=120,  # a hung worker fails the test instead of hanging it
     )
     # 0: cold, from the hub. 1: from the kernel's pages, which the spoke lets it keep across
-    # opens (keep_cache): not one read reaches the spoke. 2: those pages dropped, every file
-    # is read through the spoke, from its block cache. In 1 and 2 nothing comes from the hub.
+    # opens (keep_cache): next to no read reaches the spoke. 2: those pages dropped, every
+    # file is read through the spoke, from its block cache. In 1 and 2 nothing comes from the
+    # hub. "Next to no read": a host may take clean pages back while memory is plentiful (the
+    # CI VM runs DAMON's proactive reclaim, a kdamond "pageout" scheme: traced through
+    # filemap:mm_filemap_delete_from_page_cache, it took 20 pages of two files of this test
+    # during its first epoch), and the files those belong to are read again, from the spoke's
+    # cache. Without keep_cache every file would be (N_SAMPLES reads).
     for epoch in range(3):
         if epoch == 2:
             drop_pages(ds.paths)
@@ -103,6 +108,6 @@ def test_dataloader_reads_every_sample(tmp_path: Path, hub_factory, mount_factor
             continue
         assert moved["data_requests"] == 0 and moved["misses"] == 0, (epoch, moved)
         if epoch == 1:
-            assert moved["reads"] == 0, moved
+            assert moved["reads"] <= N_SAMPLES // 20, moved
         else:
             assert moved["reads"] >= N_SAMPLES and moved["hits"] * 4096 >= total, moved
