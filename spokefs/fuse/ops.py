@@ -15,6 +15,7 @@ import itertools
 import logging
 import os
 import stat
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import pyfuse3
@@ -92,6 +93,10 @@ class SpokeOps(pyfuse3.Operations):
         self.handles: dict[int, Stream] = {}
         self._by_inode = InodeStreams(namespace, reader) if cfg.open_mode == "kernel" else None
         self.initialised = trio.Event()
+        # Set while a serving worker runs (``workers.Workers``): what the mount's own answer
+        # to a control attribute awaits first, the worker's gathered hits, so that
+        # ``/metrics`` read after it counts every read answered before it.
+        self.control_barrier: Callable[[], Awaitable[None]] | None = None
 
     def init(self) -> None:
         """pyfuse3 calls this while it handles the kernel's INIT request, and libfuse writes
@@ -210,11 +215,15 @@ class SpokeOps(pyfuse3.Operations):
 
     @fuse_errors
     async def getxattr(
-        self, inode: pyfuse3.InodeT, name: pyfuse3.XAttrNameT, ctx: pyfuse3.RequestContext
+        self, inode: pyfuse3.InodeT, name: pyfuse3.XAttrNameT, ctx: pyfuse3.RequestContext,
+        *, forwarded: bool = False,
     ) -> bytes:
+        """A control attribute; ``forwarded``: the worker asks it, after its hits."""
         attr = self._ns.getattr(inode)  # ENOENT for a vanished inode
         if self._control is None or not name.startswith(PREFIX):
             raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+        if self.control_barrier is not None and not forwarded:
+            await self.control_barrier()
         return await self._control.getxattr(attr, name, ctx.uid)
 
     @fuse_errors

@@ -71,7 +71,9 @@
 /* The kernel refuses a read(2) of /dev/fuse into less than max_write plus the headers, and
  * libfuse offers max_write = 1 MiB (FUSE_MAX_MAX_PAGES pages) at INIT. */
 #define REQUEST_BUFFER ((1 << 20) + 64 * 1024)
+#define HIT_ENOUGH 8           /* hits worth a message 5 ms on (the module's HIT_ENOUGH) */
 #define HIT_BATCH 64           /* a full batch wakes Python at once (the module's HIT_BATCH) */
+#define HIT_BYTES (4u << 20)   /* ... and so do this many bytes of hits (the module's HIT_BYTES) */
 #define HITS_KEPT 8192         /* hits held while Python does not take them; beyond: dropped */
 #define CONTROL_PREFIX "user.spokefs."
 
@@ -750,12 +752,14 @@ static int serve_cached(Loop *l, struct thread_state *t, const struct fuse_in_he
     pthread_mutex_lock(&l->lock);
     if (l->nhits < HITS_KEPT) {
         l->hits[l->nhits++] = hit;
-        wake = l->nhits == 1 || l->nhits == HIT_BATCH;
+        wake = l->nhits == 1 || l->nhits == HIT_ENOUGH || l->nhits == HIT_BATCH;
     } else {
         l->hits_dropped++;
     }
     for (int i = 0; i < ORIGINS; i++)
         l->by_origin[i] += by_origin[i];
+    if (l->hit_bytes < HIT_BYTES && l->hit_bytes + (end - off) >= HIT_BYTES)
+        wake = 1;  /* a fast reader: the prefetcher hears of it within HIT_BYTES */
     l->hit_bytes += end - off;
     pthread_mutex_unlock(&l->lock);
     if (wake)
@@ -1179,12 +1183,14 @@ static PyObject *Loop_take_events(Loop *self, PyObject *unused)
     return out;
 }
 
+/* (hits gathered, their bytes) */
 static PyObject *Loop_pending_hits(Loop *self, PyObject *unused)
 {
     pthread_mutex_lock(&self->lock);
     size_t n = self->nhits;
+    uint64_t nbytes = self->hit_bytes;
     pthread_mutex_unlock(&self->lock);
-    return PyLong_FromSize_t(n);
+    return Py_BuildValue("(nK)", (Py_ssize_t)n, (unsigned long long)nbytes);
 }
 
 /* the HIT message's body: (reads, by_origin, nbytes, seconds, errors) */
@@ -1347,7 +1353,8 @@ static PyMethodDef Loop_methods[] = {
     {"take_events", (PyCFunction)Loop_take_events, METH_NOARGS,
      "The events since the last call: ('read', unique, file_id, offset, size), "
      "('xattr', unique, ino, name, uid, size), ('listed', dir_id), ('end',)."},
-    {"pending_hits", (PyCFunction)Loop_pending_hits, METH_NOARGS, "Hits gathered, not taken."},
+    {"pending_hits", (PyCFunction)Loop_pending_hits, METH_NOARGS,
+     "(hits, bytes) gathered, not taken."},
     {"take_hits", (PyCFunction)Loop_take_hits, METH_NOARGS,
      "(reads, by_origin, nbytes, seconds, errors) since the last call."},
     {"reply_error", (PyCFunction)Loop_reply_error, METH_VARARGS,
@@ -1390,7 +1397,9 @@ PyMODINIT_FUNC PyInit_read_loop(void)
     PyObject *m = PyModule_Create(&module);
     if (!m)
         return NULL;
-    if (PyModule_AddIntConstant(m, "HIT_BATCH", HIT_BATCH) < 0) {
+    if (PyModule_AddIntConstant(m, "HIT_ENOUGH", HIT_ENOUGH) < 0 ||
+            PyModule_AddIntConstant(m, "HIT_BATCH", HIT_BATCH) < 0 ||
+            PyModule_AddIntConstant(m, "HIT_BYTES", HIT_BYTES) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -13,9 +13,9 @@ module carries to the coordinator over the worker's channel (``worker_channel``)
   errors included, on its copy of the clone;
 - a control attribute (``user.spokefs.*``): ``XATTR``, and the coordinator's answer goes back
   over the channel as the request's reply, errors included;
-- the reads it served (``HIT``, in batches: up to 64, at most 5 ms late) and directories
-  listed (``LISTED``), so the coordinator's prefetcher, trace, eviction and metrics see every
-  read of the mount.
+- the reads it served (``HIT``, in batches: up to 64 or 4 MiB, 5 ms late, or up to 50 ms
+  while fewer than 8) and directories listed (``LISTED``), so the coordinator's prefetcher,
+  trace, eviction and metrics see every read of the mount.
 
 It tells the coordinator ``SERVING`` once its threads read requests: the coordinator stops
 reading its own descriptor then (every request goes to the threads, which the kernel wakes
@@ -44,7 +44,12 @@ import trio
 
 from spokefs.cache.layout import bound_bytes
 from spokefs.fuse.io_size import whole_read_max
-from spokefs.fuse.read_loop import HIT_BATCH, ReadLoop  # C, built with the package
+from spokefs.fuse.read_loop import (  # C, built with the package
+    HIT_BATCH,
+    HIT_BYTES,
+    HIT_ENOUGH,
+    ReadLoop,
+)
 from spokefs.fuse.worker_channel import (
     BYE,
     HIT,
@@ -52,6 +57,8 @@ from spokefs.fuse.worker_channel import (
     READ,
     REPLY,
     SERVING,
+    SYNC,
+    SYNCED,
     XATTR,
     CallFailed,
     Calls,
@@ -64,7 +71,18 @@ from spokefs.fuse.worker_channel import (
 
 log = logging.getLogger("spokefs.fuse.worker")  # not "__main__": it runs with -m
 
-HIT_DELAY_S = 0.005  # what a hit waits at most for others to go with it (``worker_channel``)
+# What a hit waits for others to go with it (``worker_channel``): HIT_DELAY_S, and then, while
+# fewer than HIT_ENOUGH are gathered, up to HIT_MAX_DELAY_S; HIT_BATCH hits or HIT_BYTES of
+# them go at once. Each message costs the worker's Python thread and the coordinator a
+# wake-up and a trip through their event loops, paid per hit where hits come slowly: a reader
+# pacing 300 files/s (a job that decodes) cost the spoke 0.63-0.75 ms of CPU per file with
+# 5 ms alone (one or two hits a message), against 0.33-0.38 with 50 ms alone (~15)
+# (bench_workers.py's paced workload). But 50 ms alone left the coordinator up to 4 MiB
+# behind a reader taking files at the link's rate, and a job's told order fetched 3-5 % less
+# (train.py, spoke-order, 60 ms): at 8 hits it hears of such a reader as soon as before.
+# The paced reader costs 0.39-0.53 ms a file with this rule.
+HIT_DELAY_S = 0.005
+HIT_MAX_DELAY_S = 0.050
 
 
 def open_loop(setup: WorkerSetup, fd: int) -> ReadLoop:
@@ -85,7 +103,7 @@ async def serve(setup: WorkerSetup, sock: socket.socket, fd: int) -> None:
     away."""
     loop = open_loop(setup, fd)
     channel = Channel(trio.SocketStream(trio.socket.from_stdlib_socket(sock)),
-                      collect_delay_s=HIT_DELAY_S)
+                      collect_delay_s=HIT_DELAY_S, collect_max_delay_s=HIT_MAX_DELAY_S)
     calls = Calls(channel)
     try:
         loop.start()
@@ -93,7 +111,7 @@ async def serve(setup: WorkerSetup, sock: socket.socket, fd: int) -> None:
                  setup.threads)
         await channel.send(SERVING, setup.threads)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_listen, channel, calls, setup.cfg.mountpoint,
+            nursery.start_soon(_listen, loop, channel, calls, setup.cfg.mountpoint,
                                nursery.cancel_scope)
             nursery.start_soon(_send_events, channel)
             await _pump(loop, channel, calls, nursery)
@@ -119,9 +137,11 @@ async def _pump(loop: ReadLoop, channel: Channel, calls: Calls, nursery: trio.Nu
                 channel.queue(LISTED, event[1])
             else:  # "end": the session is over (unmounted)
                 return
-        pending = loop.pending_hits()
+        pending, nbytes = loop.pending_hits()
         if pending:
-            channel.queue_collected(HIT, loop.take_hits, now=pending >= HIT_BATCH)
+            channel.queue_collected(HIT, loop.take_hits,
+                                    now=pending >= HIT_BATCH or nbytes >= HIT_BYTES,
+                                    enough=pending >= HIT_ENOUGH)
 
 
 async def _hand_over(loop: ReadLoop, channel: Channel, read: tuple[int, int, int, int]) -> None:
@@ -145,15 +165,21 @@ async def _forward_xattr(loop: ReadLoop, calls: Calls, unique: int, ino: int, na
         loop.reply_xattr(unique, size, value)
 
 
-async def _listen(channel: Channel, calls: Calls, mountpoint: os.PathLike[str],
-                  serving: trio.CancelScope) -> None:
-    """Replies to the worker's requests; ``BYE`` ends the worker, and the coordinator's death
-    the mount too."""
+async def _listen(loop: ReadLoop, channel: Channel, calls: Calls,
+                  mountpoint: os.PathLike[str], serving: trio.CancelScope) -> None:
+    """Replies to the worker's requests and ``SYNC``; ``BYE`` ends the worker, and the
+    coordinator's death the mount too."""
     try:
         while True:
             kind, body = await channel.receive()
             if kind == REPLY:
                 calls.replied(*body)
+            elif kind == SYNC:
+                # every hit gathered until now goes ahead of the answer (``Channel.send``),
+                # those the pump has not seen yet too
+                if loop.pending_hits()[0]:
+                    channel.queue_collected(HIT, loop.take_hits)
+                await channel.send(SYNCED, body)
             elif kind == BYE:
                 log.debug("the coordinator said bye")
                 serving.cancel()

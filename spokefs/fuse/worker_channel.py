@@ -20,19 +20,25 @@ Worker -> coordinator:
   own reads do besides serving (the prefetcher, the trace, visits for eviction, the metrics).
 - ``LISTED (dir_id)``: a directory is being listed (the prefetcher may fill it).
 - ``SERVING (threads)``: the worker's threads read the mount's requests now.
+- ``SYNCED (rid)``: the answer to a ``SYNC``, after every hit gathered until then.
 
 Coordinator -> worker:
 
 - ``HELLO (pickled WorkerSetup)``: the first message: what the worker needs to join.
 - ``REPLY (rid, errno, data)``: the answer to an ``XATTR`` (errno 0: ``data``).
 - ``BYE ()``: the mount is ending; exit without unmounting anything.
+- ``SYNC (rid)``: send what you have gathered, then ``SYNCED``: the coordinator is about to
+  answer a control attribute a request to its own descriptor asked for (a request it read
+  as the worker took over), and ``/metrics`` must count every read answered before it.
 
 Events (``HIT``, ``LISTED``) are queued and sent together by one task, so a busy worker makes
 one ``send`` per batch, not one per read. Hits go as one ``HIT`` message per batch, taken from
-the worker's collector when the batch is sent (``queue_collected``), and a batch of hits waits
-up to ``collect_delay_s`` (5 ms in a worker) for more, or until 64 are gathered, or until a
-request goes out (which carries them ahead of itself): the coordinator pays per message, and
-without the wait a busy worker's batches held 1.1 hits.
+the worker's collector when the batch is sent (``queue_collected``). A batch of hits waits
+``collect_delay_s`` (5 ms in a worker) for more, and then, while fewer than are ``enough``
+(8) are gathered, up to ``collect_max_delay_s`` (50 ms); it goes at once when 64 or 4 MiB of
+hits are gathered, or when a request goes out (which carries them ahead of itself). The
+coordinator pays per message: without the wait a busy worker's batches held 1.1 hits, and
+with 5 ms alone a slow reader's (a job that decodes) one or two.
 """
 
 from __future__ import annotations
@@ -51,9 +57,9 @@ import trio
 
 from spokefs.config import SpokeConfig
 
-READ, XATTR, HIT, LISTED, HELLO, REPLY, BYE, SERVING = range(1, 9)
+READ, XATTR, HIT, LISTED, HELLO, REPLY, BYE, SERVING, SYNC, SYNCED = range(1, 11)
 KINDS = {READ: "READ", XATTR: "XATTR", HIT: "HIT", LISTED: "LISTED", HELLO: "HELLO",
-         REPLY: "REPLY", BYE: "BYE", SERVING: "SERVING"}
+         REPLY: "REPLY", BYE: "BYE", SERVING: "SERVING", SYNC: "SYNC", SYNCED: "SYNCED"}
 _HEAD = struct.Struct("<IB")
 _MAX_MESSAGE = 64 << 20  # a reply carries at most an attribute's value; hello is small
 _RECEIVE_BYTES = 1 << 20
@@ -95,10 +101,13 @@ def _exactly(sock: socket.socket, n: int) -> bytes:
 class Channel:
     """Messages over one end of the socketpair (trio)."""
 
-    def __init__(self, stream: trio.SocketStream, *, collect_delay_s: float = 0.0) -> None:
+    def __init__(self, stream: trio.SocketStream, *, collect_delay_s: float = 0.0,
+                 collect_max_delay_s: float | None = None) -> None:
         """Args:
             collect_delay_s: how long ``send_queued`` lets collectors gather before it sends
                 what they have (unless an event or a full collector asks for it sooner).
+            collect_max_delay_s: how long it waits at most while no collector has gathered
+                ``enough`` (None: ``collect_delay_s``).
         """
         self._stream = stream
         self._buf = bytearray()
@@ -106,8 +115,10 @@ class Channel:
         self._queued: list[bytes] = []
         self._collectors: dict[int, Callable[[], Any]] = {}
         self._collect_delay_s = collect_delay_s
+        self._collect_max_delay_s = max(collect_delay_s, collect_max_delay_s or 0.0)
         self._queue_ready = trio.Event()
         self._send_now = trio.Event()
+        self._enough = trio.Event()  # set with _send_now, or by a collector with enough
 
     async def send(self, kind: int, body: Any) -> None:
         """Send one message now (replies and requests: someone waits for it), after what the
@@ -123,16 +134,20 @@ class Channel:
         self._queued.append(encode(kind, body))
         self._queue_ready.set()
         self._send_now.set()
+        self._enough.set()
 
     def queue_collected(self, kind: int, collect: Callable[[], Any], *,
-                        now: bool = False) -> None:
+                        now: bool = False, enough: bool = False) -> None:
         """Have a batch carry one ``kind`` message whose body ``collect()`` gives when the
-        batch is sent (what was gathered until then): within ``collect_delay_s``, at once
-        with ``now`` (the collector is full)."""
+        batch is sent (what was gathered until then): ``collect_delay_s`` on if the
+        collector has ``enough``, else within ``collect_max_delay_s``; at once with ``now``
+        (the collector is full)."""
         self._collectors[kind] = collect
         self._queue_ready.set()
         if now:
             self._send_now.set()
+        if now or enough:
+            self._enough.set()
 
     async def send_queued(self) -> None:
         """Send queued events, a batch per ``send``, until the channel closes."""
@@ -141,8 +156,12 @@ class Channel:
             if self._collect_delay_s and not self._send_now.is_set():
                 with trio.move_on_after(self._collect_delay_s):
                     await self._send_now.wait()
+                if not self._enough.is_set():
+                    with trio.move_on_after(self._collect_max_delay_s - self._collect_delay_s):
+                        await self._enough.wait()
             self._queue_ready = trio.Event()
             self._send_now = trio.Event()
+            self._enough = trio.Event()
             batch, self._queued = self._queued, []
             if self._collectors:
                 batch.append(self._take_collected())

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import itertools
 import logging
 import socket
 import sys
@@ -60,6 +61,8 @@ from spokefs.fuse.worker_channel import (
     READ,
     REPLY,
     SERVING,
+    SYNC,
+    SYNCED,
     XATTR,
     Channel,
     ChannelBroken,
@@ -77,6 +80,7 @@ log = logging.getLogger(__name__)
 _QUICK_DEATH_S = 5.0  # a worker that dies sooner is started again after a pause, ...
 _RESTART_PAUSE_S = (1.0, 30.0)  # ... doubling from the first to the last while it goes on
 _EXIT_WAIT_S = 5.0  # after BYE, how long a worker gets before it is killed
+_SYNC_WAIT_S = 2.0  # how long a control attribute waits for a worker's hits at most
 
 
 class _Context:
@@ -105,7 +109,10 @@ class Workers:
         self._process: trio.Process | None = None
         self._stopping = False
         self._batches = self._hit_reads = 0  # (logged at stop: how well hits are batched)
+        self._syncs = itertools.count(1)
+        self._synced: dict[int, trio.Event] = {}  # SYNC sent, SYNCED not yet received
         metrics.WORKERS.set(0)
+        ops.control_barrier = self.sync
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the worker, and start it again whenever it dies, until ``stop``."""
@@ -129,6 +136,27 @@ class Workers:
         if process.returncode is None:
             log.warning("worker pid %d did not exit after bye: killing it", process.pid)
             process.kill()
+
+    async def sync(self) -> None:
+        """Return once the serving worker's hits gathered until now are taken (``SYNC``):
+        the mount's own process answers a request a worker might have taken, and
+        ``/metrics`` read after the answer must count every read answered before it. At
+        most ``_SYNC_WAIT_S``; at once when no worker serves."""
+        channel = self._channel
+        if channel is None:
+            return
+        rid = next(self._syncs)
+        done = self._synced[rid] = trio.Event()
+        try:
+            with trio.move_on_after(_SYNC_WAIT_S) as waited:
+                await channel.send(SYNC, rid)
+                await done.wait()
+            if waited.cancelled_caught:
+                log.warning("the worker did not answer a sync within %gs", _SYNC_WAIT_S)
+        except ChannelClosed:
+            pass  # it died: what it had gathered is lost with it
+        finally:
+            self._synced.pop(rid, None)
 
     async def _keep(self, index: int) -> None:
         pause = _RESTART_PAUSE_S[0]
@@ -188,6 +216,8 @@ class Workers:
             session.pause_reading(False)  # the coordinator serves until the next one does
             metrics.WORKERS.set(0)
             self._channel = None
+            for waiting in self._synced.values():  # it will not answer them
+                waiting.set()
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(_EXIT_WAIT_S):
                     await process.wait()
@@ -218,6 +248,10 @@ class Workers:
                 metrics.WORKERS.set(body)
             elif kind == LISTED:
                 self._reader.on_readdir(body)
+            elif kind == SYNCED:
+                waiting = self._synced.get(body)
+                if waiting is not None:
+                    waiting.set()
             elif kind == READ:
                 nursery.start_soon(self._answer_read, device, *body)
             elif kind == XATTR:
@@ -264,7 +298,8 @@ class Workers:
 
     async def _xattr(self, ino: int, name: bytes, uid: int) -> bytes:
         ctx: Any = _Context(uid)
-        return await self._ops.getxattr(pyfuse3.InodeT(ino), pyfuse3.XAttrNameT(name), ctx)
+        return await self._ops.getxattr(pyfuse3.InodeT(ino), pyfuse3.XAttrNameT(name), ctx,
+                                        forwarded=True)
 
 
 async def _outcome(handler: Callable[..., Awaitable[bytes]], *args: Any) -> tuple[int, bytes]:

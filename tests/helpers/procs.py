@@ -314,10 +314,12 @@ def mount_fails(url: str, mnt: Path, cache: Path, *args: str, timeout_s: float =
 def counted_metrics(mnt: Path, port: int) -> dict[str, float]:
     """``scrape_metrics`` once every read the mount answered before this call is counted.
 
-    A serving worker's hits reach the mount's ``/metrics`` in batches, up to a few ms late;
-    a control attribute is answered by the mount's own process, and the worker sends it
-    every hit it gathered before it (``fuse.worker_channel``), so reading one orders the
-    scrape after them. With no worker the mount counts each read before answering it."""
+    A serving worker's hits reach the mount's ``/metrics`` in batches, up to 50 ms late;
+    a control attribute is answered by the mount's own process, after every hit the worker
+    gathered before it: the worker sends them ahead of the request it forwards, and for a
+    request the mount's process read itself (as the worker took over) it asks the worker for
+    them first (``SYNC``, ``fuse.worker_channel``). So reading one orders the scrape after
+    them. With no worker the mount counts each read before answering it."""
     os.getxattr(mnt, "user.spokefs.cached")
     return scrape_metrics(port)
 

@@ -129,17 +129,26 @@ def test_a_hello_that_is_not_a_setup_is_refused() -> None:
         WorkerSetup.decode(pickle.dumps({"not": "a setup"}))
 
 
-async def test_collected_messages_wait_for_company_but_not_longer_than_the_delay() -> None:
-    a, b = socket.socketpair()
-    ours = Channel(trio.SocketStream(trio.socket.from_stdlib_socket(a)))
-    theirs = Channel(trio.SocketStream(trio.socket.from_stdlib_socket(b)),
-                     collect_delay_s=0.2)
-    gathered: list[int] = []
+class Gathered(list[int]):
+    """A collector's list: ``take`` empties it and gives what it held."""
 
-    def take() -> list[int]:
-        out = gathered[:]
-        gathered.clear()
+    def take(self) -> list[int]:
+        out = self[:]
+        self.clear()
         return out
+
+
+def collecting_pair(**delays: float) -> tuple[Channel, Channel]:
+    """The coordinator's end and a worker's end whose batches wait as ``delays`` say."""
+    a, b = socket.socketpair()
+    return (Channel(trio.SocketStream(trio.socket.from_stdlib_socket(a))),
+            Channel(trio.SocketStream(trio.socket.from_stdlib_socket(b)), **delays))
+
+
+async def test_collected_messages_wait_for_company_but_not_longer_than_the_delay() -> None:
+    ours, theirs = collecting_pair(collect_delay_s=0.2)
+    gathered = Gathered()
+    take = gathered.take
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(theirs.send_queued)
@@ -161,6 +170,40 @@ async def test_collected_messages_wait_for_company_but_not_longer_than_the_delay
         theirs.queue(LISTED, 7)  # an event takes the gathered ones with it
         assert [await ours.receive(), await ours.receive()] == [(LISTED, 7), (HIT, [3])]
         assert trio.current_time() - t0 < 0.2
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_batch_with_enough_goes_after_the_short_wait_and_one_without_waits_longer(
+) -> None:
+    """A slow reader's hits wait up to the long delay for ``enough`` company; once enough are
+    gathered they go after the short one (or at once, if it is over)."""
+    ours, theirs = collecting_pair(collect_delay_s=0.05, collect_max_delay_s=0.4)
+    gathered = Gathered()
+    take = gathered.take
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(theirs.send_queued)
+        # never enough: the long wait
+        t0 = trio.current_time()
+        gathered.append(1)
+        theirs.queue_collected(HIT, take)
+        assert await ours.receive() == (HIT, [1])
+        assert 0.4 <= trio.current_time() - t0 < 0.6
+        # enough from the start: the short wait only
+        t0 = trio.current_time()
+        gathered.append(2)
+        theirs.queue_collected(HIT, take, enough=True)
+        assert await ours.receive() == (HIT, [2])
+        assert 0.05 <= trio.current_time() - t0 < 0.3
+        # enough once the short wait is over: at once then
+        t0 = trio.current_time()
+        gathered.append(3)
+        theirs.queue_collected(HIT, take)
+        await trio.sleep(0.15)
+        gathered.append(4)
+        theirs.queue_collected(HIT, take, enough=True)
+        assert await ours.receive() == (HIT, [3, 4])
+        assert 0.15 <= trio.current_time() - t0 < 0.35
         nursery.cancel_scope.cancel()
 
 
