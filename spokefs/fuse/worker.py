@@ -137,11 +137,16 @@ async def _pump(loop: ReadLoop, channel: Channel, calls: Calls, nursery: trio.Nu
                 channel.queue(LISTED, event[1])
             else:  # "end": the session is over (unmounted)
                 return
-        pending, nbytes = loop.pending_hits()
-        if pending:
-            channel.queue_collected(HIT, loop.take_hits,
-                                    now=pending >= HIT_BATCH or nbytes >= HIT_BYTES,
-                                    enough=pending >= HIT_ENOUGH)
+        _queue_hits(loop, channel)
+
+
+def _queue_hits(loop: ReadLoop, channel: Channel) -> None:
+    """Have the channel's next batch carry the hits the loop has gathered, if any."""
+    pending, nbytes = loop.pending_hits()
+    if pending:
+        channel.queue_collected(HIT, loop.take_hits,
+                                now=pending >= HIT_BATCH or nbytes >= HIT_BYTES,
+                                enough=pending >= HIT_ENOUGH)
 
 
 async def _hand_over(loop: ReadLoop, channel: Channel, read: tuple[int, int, int, int]) -> None:
@@ -177,8 +182,7 @@ async def _listen(loop: ReadLoop, channel: Channel, calls: Calls,
             elif kind == SYNC:
                 # every hit gathered until now goes ahead of the answer (``Channel.send``),
                 # those the pump has not seen yet too
-                if loop.pending_hits()[0]:
-                    channel.queue_collected(HIT, loop.take_hits)
+                _queue_hits(loop, channel)
                 await channel.send(SYNCED, body)
             elif kind == BYE:
                 log.debug("the coordinator said bye")

@@ -20,16 +20,17 @@ Worker -> coordinator:
   own reads do besides serving (the prefetcher, the trace, visits for eviction, the metrics).
 - ``LISTED (dir_id)``: a directory is being listed (the prefetcher may fill it).
 - ``SERVING (threads)``: the worker's threads read the mount's requests now.
-- ``SYNCED (rid)``: the answer to a ``SYNC``, after every hit gathered until then.
+- ``SYNCED (rid,)``: the answer to a ``SYNC``, after every hit gathered until then.
 
 Coordinator -> worker:
 
 - ``HELLO (pickled WorkerSetup)``: the first message: what the worker needs to join.
 - ``REPLY (rid, errno, data)``: the answer to an ``XATTR`` (errno 0: ``data``).
 - ``BYE ()``: the mount is ending; exit without unmounting anything.
-- ``SYNC (rid)``: send what you have gathered, then ``SYNCED``: the coordinator is about to
-  answer a control attribute a request to its own descriptor asked for (a request it read
-  as the worker took over), and ``/metrics`` must count every read answered before it.
+- ``SYNC (rid,)``: send what you have gathered, then ``SYNCED`` (a ``Calls`` request): the
+  coordinator is about to answer a control attribute a request to its own descriptor asked
+  for (a request it read as the worker took over), and ``/metrics`` must count every read
+  answered before it.
 
 Events (``HIT``, ``LISTED``) are queued and sent together by one task, so a busy worker makes
 one ``send`` per batch, not one per read. Hits go as one ``HIT`` message per batch, taken from
@@ -217,7 +218,8 @@ class CallFailed(Exception):
 
 
 class Calls:
-    """Requests to the coordinator and their replies, matched by request id."""
+    """Requests over the channel and their replies, matched by request id: a worker's to
+    the coordinator (``XATTR``, ``READ``), and the coordinator's ``SYNC`` to its worker."""
 
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
@@ -256,7 +258,7 @@ class Calls:
             waiting[0].set()
 
     def close(self) -> None:
-        """The coordinator is gone: every waiting request fails with EIO."""
+        """The other end is gone: every waiting request fails with EIO."""
         self._closed = True
         for done, slot in self._waiting.values():
             slot.extend((errno.EIO, b""))

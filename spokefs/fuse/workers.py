@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import itertools
 import logging
 import socket
 import sys
@@ -64,6 +63,8 @@ from spokefs.fuse.worker_channel import (
     SYNC,
     SYNCED,
     XATTR,
+    CallFailed,
+    Calls,
     Channel,
     ChannelBroken,
     ChannelClosed,
@@ -106,11 +107,10 @@ class Workers:
                                if isinstance(h, logging.FileHandler)), None)
         self._mount_fd = session.session_fd()
         self._channel: Channel | None = None  # the running worker's, while it runs
+        self._calls: Calls | None = None  # its requests from us (``SYNC``), likewise
         self._process: trio.Process | None = None
         self._stopping = False
         self._batches = self._hit_reads = 0  # (logged at stop: how well hits are batched)
-        self._syncs = itertools.count(1)
-        self._synced: dict[int, trio.Event] = {}  # SYNC sent, SYNCED not yet received
         metrics.WORKERS.set(0)
         ops.control_barrier = self.sync
 
@@ -142,21 +142,16 @@ class Workers:
         the mount's own process answers a request a worker might have taken, and
         ``/metrics`` read after the answer must count every read answered before it. At
         most ``_SYNC_WAIT_S``; at once when no worker serves."""
-        channel = self._channel
-        if channel is None:
+        calls = self._calls
+        if calls is None:
             return
-        rid = next(self._syncs)
-        done = self._synced[rid] = trio.Event()
         try:
             with trio.move_on_after(_SYNC_WAIT_S) as waited:
-                await channel.send(SYNC, rid)
-                await done.wait()
+                await calls.call(SYNC, ())
             if waited.cancelled_caught:
                 log.warning("the worker did not answer a sync within %gs", _SYNC_WAIT_S)
-        except ChannelClosed:
+        except CallFailed:
             pass  # it died: what it had gathered is lost with it
-        finally:
-            self._synced.pop(rid, None)
 
     async def _keep(self, index: int) -> None:
         pause = _RESTART_PAUSE_S[0]
@@ -201,11 +196,12 @@ class Workers:
             theirs.close()
         channel = Channel(trio.SocketStream(trio.socket.from_stdlib_socket(ours)))
         self._process, self._channel = process, channel
+        self._calls = calls = Calls(channel)
         try:
             setup = WorkerSetup(self._cfg, index, self._threads, self._log_file)
             await channel.send_raw(encode(HELLO, setup.encode()))
             async with trio.open_nursery() as nursery:
-                await self._serve(index, process, channel, device, nursery)
+                await self._serve(index, process, channel, calls, device, nursery)
                 # the worker is gone (or being killed): the requests it held end now, and
                 # the reads still being served for it (the nursery waits) reply to nothing
                 device.close()
@@ -215,9 +211,8 @@ class Workers:
             device.close()  # (at once: the requests it held end now)
             session.pause_reading(False)  # the coordinator serves until the next one does
             metrics.WORKERS.set(0)
-            self._channel = None
-            for waiting in self._synced.values():  # it will not answer them
-                waiting.set()
+            self._channel = self._calls = None
+            calls.close()  # a sync waiting for it ends now
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(_EXIT_WAIT_S):
                     await process.wait()
@@ -229,7 +224,7 @@ class Workers:
         return process.returncode
 
     async def _serve(self, index: int, process: trio.Process, channel: Channel,
-                     device: WorkerDevice, nursery: trio.Nursery) -> None:
+                     calls: Calls, device: WorkerDevice, nursery: trio.Nursery) -> None:
         """Answer one worker's requests and take its events until its channel closes."""
         while True:
             try:
@@ -249,9 +244,7 @@ class Workers:
             elif kind == LISTED:
                 self._reader.on_readdir(body)
             elif kind == SYNCED:
-                waiting = self._synced.get(body)
-                if waiting is not None:
-                    waiting.set()
+                calls.replied(body[0], 0, b"")
             elif kind == READ:
                 nursery.start_soon(self._answer_read, device, *body)
             elif kind == XATTR:

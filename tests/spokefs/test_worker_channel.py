@@ -1,6 +1,7 @@
 """The channel between a mount's coordinator and a worker (``fuse.worker_channel``), over a
-real socketpair: messages and batches arrive whole and in order, and a peer that sends what
-is not a message, or goes away, is told apart from a message."""
+real socketpair: messages and batches arrive whole and in order, a peer that sends what is
+not a message, or goes away, is told apart from a message, and a worker answers ``SYNC``
+(``fuse.worker._listen``) after every hit it has gathered."""
 
 from __future__ import annotations
 
@@ -13,12 +14,15 @@ import pytest
 import trio
 
 from spokefs.config import SpokeConfig
+from spokefs.fuse.worker import _listen
 from spokefs.fuse.worker_channel import (
     HELLO,
     HIT,
     LISTED,
     READ,
     REPLY,
+    SYNC,
+    SYNCED,
     XATTR,
     CallFailed,
     Calls,
@@ -234,3 +238,57 @@ async def test_calls_match_replies_and_fail_when_the_coordinator_goes() -> None:
         calls.close()  # the coordinator is gone: what waits fails, and so does what comes
     await call("later", READ, (9, 0, 1))
     assert results["pending"] == results["later"] == errno.EIO
+
+
+class GatheredHits(Gathered):
+    """The two calls of the native read loop that ``_listen`` makes on ``SYNC``:
+    ``pending_hits`` (hits gathered and their bytes) and ``take_hits`` (here: file ids)."""
+
+    def pending_hits(self) -> tuple[int, int]:
+        return len(self), 4096 * len(self)
+
+    def take_hits(self) -> list[int]:
+        return self.take()
+
+
+async def test_sync_is_answered_after_every_gathered_hit_and_without_the_batch_wait(
+        tmp_path: Path) -> None:
+    """The coordinator's ``SYNC`` (a ``Calls`` request, as ``workers.Workers.sync`` makes it)
+    is answered after every hit the worker gathered, whether its pump has queued them yet or
+    not, and without the wait a batch makes for company (stretched here to 10-30 s, so that
+    "without the wait" is plain even on a busy machine)."""
+    ours, theirs = collecting_pair(collect_delay_s=10.0, collect_max_delay_s=30.0)
+    calls = Calls(ours)
+    loop = GatheredHits()
+
+    async def sync(done: trio.Event) -> None:
+        await calls.call(SYNC, ())
+        done.set()
+
+    async def answered() -> None:
+        """Take the worker's SYNCED, hand it to ``calls``, and see the sync return."""
+        kind, body = await ours.receive()
+        assert kind == SYNCED
+        calls.replied(body[0], 0, b"")
+        with trio.fail_after(5.0):
+            await done.wait()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(theirs.send_queued)
+        nursery.start_soon(_listen, loop, theirs, Calls(theirs), tmp_path, nursery.cancel_scope)
+        # one hit the pump has queued (its batch would wait 10-30 s for company), and one it
+        # has not seen yet
+        loop.append(1)
+        theirs.queue_collected(HIT, loop.take_hits)
+        loop.append(2)
+        t0 = trio.current_time()
+        done = trio.Event()
+        nursery.start_soon(sync, done)
+        assert await ours.receive() == (HIT, [1, 2])
+        await answered()
+        assert trio.current_time() - t0 < 5.0
+        # nothing gathered: the answer alone
+        done = trio.Event()
+        nursery.start_soon(sync, done)
+        await answered()
+        nursery.cancel_scope.cancel()
