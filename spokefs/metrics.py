@@ -1,9 +1,11 @@
-"""Every spokefs_* Prometheus metric, declared once.
+"""Every spokefs_* Prometheus metric, declared once (and ``observe_many``, a batch's observations).
 
 Labels are low-cardinality (source, op, errno, status); never a path or an inode.
 """
 
 from __future__ import annotations
+
+from bisect import bisect_left
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -165,3 +167,24 @@ REPLAY_DONE_BYTES = Gauge(
 REPLAY_FETCHED_BYTES = Counter(
     "spokefs_replay_fetched_bytes_total", "Bytes fetched from the hub by trace replays"
 )
+
+
+def observe_many(histogram: Histogram, amounts: list[float]) -> None:
+    """``histogram.observe`` of each amount, with one increment per bucket touched and one of
+    the sum: a serving worker's hits come in batches, and ``observe`` costs ~2.3 us each.
+    Reaches into prometheus_client's unlabelled histogram (its ``_sum``, ``_buckets`` and
+    ``_upper_bounds``, there since 0.4); anything else takes the loop."""
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None or len(amounts) < 4:
+        for amount in amounts:
+            histogram.observe(amount)
+        return
+    counts: dict[int, int] = {}
+    for amount in amounts:
+        i = bisect_left(bounds, amount)  # the first bound >= amount, as observe's loop finds
+        counts[i] = counts.get(i, 0) + 1
+    for i, n in counts.items():
+        buckets[i].inc(n)
+    total.inc(sum(amounts))

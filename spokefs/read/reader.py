@@ -132,8 +132,7 @@ class Reader:
         """The metrics of a batch of reads a serving worker answered from the cache: blocks
         found per origin and bytes summed, and each read's latency."""
         _READS["cache"].inc(len(seconds))
-        for one in seconds:
-            metrics.READ_SECONDS.observe(one)
+        metrics.observe_many(metrics.READ_SECONDS, seconds)
         _count_block_hits(by_origin)
         _READ_BYTES["cache"].inc(nbytes)
 
