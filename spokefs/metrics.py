@@ -171,7 +171,7 @@ REPLAY_FETCHED_BYTES = Counter(
 
 def observe_many(histogram: Histogram, amounts: list[float]) -> None:
     """``histogram.observe`` of each amount, with one increment per bucket touched and one of
-    the sum: a serving worker's hits come in batches, and ``observe`` costs ~2.3 us each.
+    the sum: a serving worker's hits come in batches, and ``observe`` costs ~2.4 us each.
     Reaches into prometheus_client's unlabelled histogram (its ``_sum``, ``_buckets`` and
     ``_upper_bounds``, there since 0.4); anything else takes the loop."""
     bounds = getattr(histogram, "_upper_bounds", None)
