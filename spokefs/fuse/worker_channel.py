@@ -231,7 +231,7 @@ class Calls:
         """Send a request and wait for its reply.
 
         Raises:
-            CallFailed: the coordinator answered an errno, or is gone (EIO).
+            CallFailed: the other end answered an errno, or is gone (EIO).
         """
         if self._closed:
             raise CallFailed(errno.EIO)
