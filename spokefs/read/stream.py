@@ -27,6 +27,8 @@ class Stream:
         closed: its handle was released (or it was cut off before its reader came).
         successor: the next file in name order, read ahead into when the window passes
             this file's end (``prefetcher``, "Runs of shards").
+        in_run: its reader came to it from the file before, which had read ahead into it:
+            a run of files read in name order, so the read-ahead past its end may be larger.
         seeking: the successor is being looked up.
         traced_extent: the trace extent (``trace.extent_of``) of its last read that was
             noted in the access trace; a read in another extent is noted again.
@@ -41,6 +43,7 @@ class Stream:
     epoch: int = 0
     closed: bool = False
     successor: Stream | None = None
+    in_run: bool = False
     seeking: bool = False
     traced_extent: int = -1
 

@@ -249,6 +249,8 @@ async def test_a_run_of_shards_is_read_ahead_across_file_ends(tmp_path, autojump
             s = reader.open(fv, 7)
             if fv == listing[1]:
                 assert s.window and s.issued_to > 0  # the successor, read ahead already
+                assert s.in_run  # so its own spill may also cover the requests in flight
+                assert pf.spill_bytes(s) > pf.spill_bytes()
             for off in range(0, fv.size, MiB):
                 data = await reader.read(s, off, MiB)
                 assert data == shards[(fv.file_id, 1)][off : off + MiB]
@@ -261,7 +263,7 @@ async def test_a_run_of_shards_is_read_ahead_across_file_ends(tmp_path, autojump
     assert moved[100] == listing[0].size and moved[101] == listing[1].size  # once each
     # the reader stopped after two shards: what was read ahead past them is the bound
     overshoot = moved[102] + moved[103]
-    assert 0 < overshoot <= pf.spill_bytes() + CFG.request_bytes
+    assert 0 < overshoot <= pf.spill_bytes(s) + CFG.request_bytes
 
 
 async def test_a_jump_cuts_off_the_next_shard(tmp_path, autojump_clock):
