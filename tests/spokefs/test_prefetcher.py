@@ -237,6 +237,27 @@ def test_new_stream_window_starts_at_the_links_bandwidth_delay_product(tmp_path)
     assert t.window == CFG.window_max_bytes  # at most the largest window
 
 
+async def test_read_ahead_requests_go_out_nearest_first(tmp_path, autojump_clock):
+    """A window that opens at once queues many requests: they reach the hub in the file's
+    order, so the one a reader waits for is not behind the far ones. (With a task per job
+    waiting on the limiter, trio ran each batch of them in either order.)"""
+    files = {(100 + i, 1): os.urandom(24 * MiB) for i in range(6)}
+    hub, pf, _, cache, source = setup(tmp_path, files)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        await nursery.start(pf.run)
+        await nursery.start(source.run)
+        for (fid, ver), data in files.items():
+            s = pf.on_open(FileVersion(fid, ver, len(data)), 7)
+            for off in range(0, 8 * MiB, MiB):  # the window opens to 16 MiB in one go
+                pf.on_read(s, off, MiB)
+            await trio.sleep(10)  # the fake hub's delays, on the autojump clock
+        nursery.cancel_scope.cancel()
+    for fid, _ in files:
+        starts = [start for f, _, start, _ in hub.calls if f == fid]
+        assert len(starts) >= 8 and starts == sorted(starts), starts
+
+
 async def test_a_run_of_shards_is_read_ahead_across_file_ends(tmp_path, autojump_clock):
     shards = {(100 + i, 1): os.urandom(6 * MiB + 1000 * i) for i in range(4)}
     listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in shards.items()]
