@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -159,8 +159,10 @@ class Answer:
     def reusable(self) -> bool:
         return self.done and self._keep
 
-    async def read_into(self, buf: memoryview) -> int:
-        """Read the whole body into ``buf``; the bytes read.
+    async def read_into(self, buf: memoryview,
+                        arrived: Callable[[int], None] | None = None) -> int:
+        """Read the whole body into ``buf``; the bytes read. ``arrived`` is told of each
+        piece's size as it lands.
 
         Raises:
             AnswerTooLong: the body is longer than ``buf``.
@@ -181,6 +183,8 @@ class Answer:
             if n == 0:
                 return got
             got += n
+            if arrived is not None:
+                arrived(n)
 
     async def _more_after_full(self) -> bool:
         probe = bytearray(1)

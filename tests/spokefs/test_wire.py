@@ -144,9 +144,12 @@ async def test_a_body_read_into_a_buffer_in_pieces(server: RawServer) -> None:
                             body[1000:])
     o = origin(server)
     buf = bytearray(len(body))
+    pieces: list[int] = []
     async with o.get("/x") as resp:
-        assert await resp.read_into(memoryview(buf)) == len(body)
+        assert await resp.read_into(memoryview(buf), pieces.append) == len(body)
     assert buf == body
+    # each piece told as it lands (the link's rate is measured from them)
+    assert sum(pieces) == len(body) and len(pieces) >= 2
     # a short body: the bytes it has (the caller compares with what it asked for)
     server.script = replies(answer(b"ab", "Content-Length: 2"))
     async with o.get("/x") as resp:
