@@ -119,9 +119,11 @@ _METER_INTERVAL_S = 0.25
 class DeliveryMeter:
     """The peak rate at which bytes arrive from the hub (all requests), from a running total.
 
-    The rate is taken over intervals of at least ``_METER_INTERVAL_S`` as bytes arrive (a
-    pack counts file by file, not when it ends), and the peak decays by ``_DECAY`` per
-    interval, so a link that got slower is seen as such within seconds.
+    The rate is taken over intervals of at least ``_METER_INTERVAL_S`` as bytes arrive (the
+    hub client counts an answer's bytes as they land, not when it ends: answers that share
+    the link end together, and counted then they looked like several times its rate), and
+    the peak decays by ``_DECAY`` per interval, so a link that got slower is seen as such
+    within seconds.
     """
 
     def __init__(self, now: float | None = None) -> None:
