@@ -84,6 +84,8 @@ QUIET_S = 1.0  # the link counts no more bytes for this long: the overshoot has 
 COLD = ("Cold shards over the emulated link: >= 0.95 of the cap at 60 ms and >= 0.8 at 900 ms, "
         "counted at the link over the whole dataset; link bytes <= 1.02 per byte read.")
 OVERSHOOT = "A reader that stops early leaves at most a bounded overshoot (state the bound)."
+COLD_23 = ("One shard reader: >= 0.95 of the cap at 60 ms and >= 0.85 at 900 ms; four readers "
+           "the same; link bytes <= 1.02 per byte read.")
 GOALS = [
     Goal(COLD, "one_link_ratio", "one reader, shards in order: link MB/s / cap", ">=", 0.95,
          (60,)),
@@ -97,6 +99,16 @@ GOALS = [
     Goal(COLD, "four_link_bytes_per_byte", "4 readers: link bytes / bytes read", "<=", 1.02),
     Goal(OVERSHOOT, "stop_overshoot_of_bound",
          "stop: bytes past the shard read / (2 x cap x RTT, <= 256 MiB, + 4 MiB)", "<=", 1.0),
+    # issue 23 ("The cold path at 10 Gbit/s") raised the bar at 900 ms; judge it with
+    # --shards 16, so that the start does not dominate
+    Goal(COLD_23, "one_link_ratio", "issue 23: one reader: link MB/s / cap", ">=", 0.95,
+         (60,)),
+    Goal(COLD_23, "one_link_ratio", "issue 23: one reader: link MB/s / cap", ">=", 0.85,
+         (900,)),
+    Goal(COLD_23, "four_link_ratio", "issue 23: four readers: link MB/s / cap", ">=", 0.95,
+         (60,)),
+    Goal(COLD_23, "four_link_ratio", "issue 23: four readers: link MB/s / cap", ">=", 0.85,
+         (900,)),
 ]
 # The spill rule's constants, as spokefs/read/prefetcher.py's docstring and spokefs/config.py's
 # PrefetchConfig state them (defaults; this script passes no prefetch flags): what is read
