@@ -26,9 +26,7 @@ class PrefetchConfig:
         window_initial_bytes: first read-ahead window of a sequential stream; small, so a
             reader that reads a little and stops wastes little.
         window_max_bytes: a stream's largest window: at 900 ms and 1 Gbit/s one reader
-            needs ~112 MB ahead to keep the link full. On a link whose bandwidth-delay
-            product is more than a quarter of it, the window grows to four times the
-            product instead (``prefetcher.Prefetcher.window_cap``).
+            needs ~112 MB ahead to keep the link full.
         request_bytes: one background range or pack request. Large enough that the
             request's own round trip is a small part of its time, small enough that a
             reader catching up waits for little; a little under 4 MiB, because a 4 MiB body

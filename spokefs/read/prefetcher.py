@@ -8,9 +8,8 @@ responses in flight, at most ``max_inflight_bytes``):
    kernel's own read-ahead sends reads slightly out of order); after two in a row the window
    opens at what the link already showed it needs, its bandwidth-delay product
    (``link_model.LinkReach``; ``window_initial_bytes`` before any answer came), and doubles
-   on every further sequential read up to ``window_max_bytes`` (four times the product on a
-   longer link, ``window_cap``). The range ahead of the reader up to the window is queued
-   as jobs of ``request_bytes``. A read elsewhere (random
+   on every further sequential read up to ``window_max_bytes``. The range ahead of the
+   reader up to the window is queued as jobs of ``request_bytes``. A read elsewhere (random
    access) closes the window at once, and jobs queued before that are dropped unfetched
    (``Stream.epoch``), so a random reader never moves bytes it did not ask for.
 2. **Runs of shards.** Shards (WebDataset tars, record files) are read one after another in
@@ -176,7 +175,8 @@ class Prefetcher:
             stream.successor = None
         if stream.sequential < 2 or stream.fv.size <= self._cfg.small_file_bytes:
             return
-        stream.window = min(max(stream.window * 2, self.seed_window()), self.window_cap())
+        cfg = self._cfg
+        stream.window = min(max(stream.window * 2, self.seed_window()), cfg.window_max_bytes)
         self._issue(stream, end, end + stream.window)
 
     def seed_window(self) -> int:
@@ -186,18 +186,6 @@ class Prefetcher:
         bdp = self.reach.bdp_bytes()
         return cfg.window_initial_bytes if bdp is None else \
             min(max(bdp, cfg.window_initial_bytes), cfg.window_max_bytes)
-
-    def window_cap(self) -> int:
-        """A stream's largest window: ``window_max_bytes``, or four times the link's
-        bandwidth-delay product where that is more (a long link; at most
-        ``max_inflight_bytes``). The requests in flight share the link evenly, so about half
-        the window has been delivered ahead of the reader before it gets there, and the
-        other half must still hold a bandwidth-delay product to keep the link full: at
-        900 ms and 1 Gbit/s a 256 MiB window left ~40 MB of margin, and one reader's link
-        dipped whenever the delivered half grew past it."""
-        cfg = self._cfg
-        bdp = self.reach.bdp_bytes() or 0
-        return max(cfg.window_max_bytes, min(4 * bdp, cfg.max_inflight_bytes))
 
     def spill_bytes(self, stream: Stream | None = None) -> int:
         """At most this much is read ahead past the end of the file a reader is in: twice

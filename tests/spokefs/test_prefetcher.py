@@ -237,27 +237,6 @@ def test_new_stream_window_starts_at_the_links_bandwidth_delay_product(tmp_path)
     assert t.window == CFG.window_max_bytes  # at most the largest window
 
 
-def test_on_a_long_link_the_window_grows_to_four_bandwidth_delay_products(tmp_path):
-    """Requests that share the link deliver about half the window ahead of the reader; the
-    rest must still fill the link, so a long link's window is four times its product."""
-    hub, small, _, _, source = setup(tmp_path, {})
-    cfg = PrefetchConfig(window_initial_bytes=512 << 10, window_max_bytes=16 * MiB,
-                         request_bytes=2 * MiB, max_inflight_bytes=512 * MiB,
-                         small_file_bytes=256 << 10)
-    pf = Prefetcher(source, small._lister, cfg, 1 << 30)
-    hub.rtt_s = 0.9  # 1 Gbit/s assumed until measured: 112.5 MB in flight fill the link
-    s = pf.on_open(FileVersion(5, 1, 4096 * MiB), 2)
-    for i in range(12):
-        pf.on_read(s, i * MiB, MiB)
-    assert s.window == 4 * int(cfg.assumed_link_bytes_per_s * 0.9)
-    assert pf.spill_bytes() == cfg.window_max_bytes  # the spill keeps its own bound
-    hub.rtt_s = 0.01  # a short link: the configured largest window
-    t = pf.on_open(FileVersion(6, 1, 4096 * MiB), 2)
-    for i in range(12):
-        pf.on_read(t, i * MiB, MiB)
-    assert t.window == cfg.window_max_bytes
-
-
 async def test_read_ahead_requests_go_out_nearest_first(tmp_path, autojump_clock):
     """A window that opens at once queues many requests: they reach the hub in the file's
     order, so the one a reader waits for is not behind the far ones. (With a task per job
