@@ -213,10 +213,6 @@ class Prefetcher:
         size = stream.fv.size
         start = max(stream.issued_to, end)
         stop = min(target, size)
-        if whole and stop < size and stop - start >= cfg.request_bytes:
-            # whole requests only: the rest goes out with the next, not as a request of its
-            # own (a window moving 1 MiB a read left a small request behind every few reads)
-            stop -= (stop - start) % cfg.request_bytes
         if stop > start and (not whole or stop == size
                              or stop - start >= min(cfg.request_bytes, stream.window // 2)):
             for job_start in range(start - start % CHUNK_SIZE, stop, cfg.request_bytes):
@@ -242,10 +238,8 @@ class Prefetcher:
             succ.window = max(succ.window, stream.window)
             # in steps of a request (or half the cap), as the reader nears its file's end
             step = min(self._cfg.request_bytes, cap // 2)
-            if nbytes >= min(cap, succ.fv.size):
+            if nbytes - succ.issued_to >= step or nbytes >= min(cap, succ.fv.size):
                 self._issue(succ, 0, nbytes, whole=False)
-            elif nbytes - succ.issued_to >= step:  # whole steps (no small request left over)
-                self._issue(succ, 0, nbytes - (nbytes - succ.issued_to) % step, whole=False)
 
     def _cut(self, succ: Stream | None) -> None:
         """Stop reading ahead into a chain of successor streams (their jobs are dropped)."""
@@ -319,9 +313,13 @@ class Prefetcher:
         window opened, its requests went out in reverse about half the time, and the reader
         waited for the nearest bytes (or fetched them itself) while the far ones came in
         (a single reader at 60 ms was then up to 200 MiB behind the bytes already here)."""
+        present = self._source.present_chunks
         async for job in self._jobs_rx:
             if job.epoch != job.stream.epoch:
                 continue  # the reader went elsewhere or closed the file
+            first, last = job.start // CHUNK_SIZE, (job.end - 1) // CHUNK_SIZE
+            if len(present(job.stream.fv, first, last)) == last - first + 1:
+                continue  # cached already (a warm reader): no slot, no task
             slot = object()
             await self._limiter.acquire_on_behalf_of(slot)
             if job.epoch != job.stream.epoch:
