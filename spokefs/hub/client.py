@@ -49,7 +49,6 @@ is a default header of the client: it is never logged or put in a message.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import random
 import ssl
@@ -200,7 +199,15 @@ class HubClient:
         return bytearray(size)
 
     def _received(self, nbytes: int, origin: str = "hub") -> None:
+        self._landed(nbytes)
+        self._count(nbytes, origin)
+
+    def _landed(self, nbytes: int) -> None:
+        """Answer bytes as they arrive: the running total the link's rate is measured from."""
         self.received_bytes += nbytes
+
+    @staticmethod
+    def _count(nbytes: int, origin: str) -> None:
         metrics.LINK_BYTES.inc(nbytes)
         _FETCHED[origin].inc(nbytes)
 
@@ -305,12 +312,13 @@ class HubClient:
                     async with http.get(path, headers) as resp:
                         origin = self._answered(resp, origin)
                         await self._check_streamed(resp, "blob")
-                        # counted as it lands: counted at the end, a few dozen answers
-                        # that share the link ending together looked like a burst at several
-                        # times its rate, and the bandwidth-delay product (link_model) with it
+                        # landed bytes count as they arrive: counted at the end, a few dozen
+                        # answers that share the link ending together looked like a burst at
+                        # several times its rate, and the bandwidth-delay product
+                        # (link_model) with it. The metrics count once, at the end.
                         with _refusing_too_long():
-                            got = await resp.read_into(
-                                body, functools.partial(self._received, origin=origin))
+                            got = await resp.read_into(body, self._landed)
+                    self._count(got, origin)
                     if resp.status_code != 206 or got != fstop - fstart:
                         raise HubProtocolError(f"asked {fstop - fstart} framed bytes at "
                                                f"{fstart}, got {resp.status_code} with {got}")
