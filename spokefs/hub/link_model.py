@@ -175,14 +175,20 @@ class LinkReach:
 
     def bdp_bytes(self, now: float | None = None) -> int | None:
         """Rate x round trip, in bytes; None while no answer has come (no round trip yet)."""
-        self._meter.sample(self._received(), now)
         rtt = self._rtt_s()
         if rtt is None:
+            self._meter.sample(self._received(), now)
             return None
+        return int(self.rate_bps(now) * rtt)
+
+    def rate_bps(self, now: float | None = None) -> float:
+        """The link's rate as measured (at least ``assumed_bps`` until it has settled)."""
+        self._meter.sample(self._received(), now)
+        rtt = self._rtt_s()
         rate = self._meter.peak_bps
-        if not self._meter.settled(rtt, now):
+        if rtt is None or not self._meter.settled(rtt, now):
             rate = max(rate, self._assumed_bps)
-        return int(rate * rtt)
+        return rate
 
 
 class WindowedMin:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from spokefs.hub.link_model import LinkModel, WindowedMin
+from spokefs.hub.link_model import LinkModel, LinkReach, WindowedMin
 
 MB = 1_000_000
 
@@ -57,3 +59,18 @@ def test_windowed_min_is_the_smallest_recent_sample():
     assert w.value(11.5) == pytest.approx(0.42)  # the clean one left the window: next smallest
     w.append(0.9, now=30)
     assert w.value(30) == 0.9  # nothing else is recent: the latest
+
+
+def test_link_reach_rate_is_assumed_until_the_link_has_settled():
+    total = [0]
+    rtt: list[float | None] = [None]
+    reach = LinkReach(lambda: total[0], lambda: rtt[0], 125e6)
+    t0 = time.monotonic()  # the meter's clock starts when it is made
+    assert reach.rate_bps(now=t0) == 125e6  # nothing measured: the assumed rate
+    assert reach.bdp_bytes(now=t0) is None  # and no round trip yet
+    rtt[0] = 0.1
+    for step in range(1, 41):  # 10 s of 50 MB/s: settled after 3 round trips + 1 s
+        total[0] += int(50e6 * 0.25)
+        assert reach.rate_bps(now=t0 + step * 0.25) == (125e6 if step < 6 else
+                                                        pytest.approx(50e6, rel=0.01))
+    assert reach.bdp_bytes(now=t0 + 10.0) == pytest.approx(5e6, rel=0.01)

@@ -258,6 +258,41 @@ async def test_read_ahead_requests_go_out_nearest_first(tmp_path, autojump_clock
         assert len(starts) >= 8 and starts == sorted(starts), starts
 
 
+async def test_read_ahead_requests_start_at_about_the_links_rate(tmp_path, autojump_clock):
+    """A window that opens at once does not send its requests all at once: they start at
+    1.5 times the link's rate (after a short burst), so that they do not share the link as
+    one batch that lands together."""
+    data = os.urandom(80 * MiB)
+    hub, pf, _, cache, source = setup(tmp_path, {(5, 1): data}, delay_s=0.01)
+    rate = 100e6  # what the prefetcher assumes before it has measured the link
+    pf = Prefetcher(source, pf._lister, PrefetchConfig(
+        window_initial_bytes=64 * MiB, window_max_bytes=64 * MiB, request_bytes=2 * MiB,
+        max_inflight_bytes=256 * MiB, small_file_bytes=256 << 10,
+        assumed_link_bytes_per_s=rate), 1 << 30)
+    started: list[float] = []
+    fetch = hub.fetch_frames
+
+    async def timed(*args: int) -> bytes:
+        started.append(trio.current_time())
+        return await fetch(*args)
+
+    hub.fetch_frames = timed  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cache.run)
+        await nursery.start(pf.run)
+        await nursery.start(source.run)
+        s = pf.on_open(FileVersion(5, 1, len(data)), 7)
+        pf.on_read(s, 0, MiB)
+        pf.on_read(s, MiB, MiB)  # the window opens: 64 MiB, 32 requests
+        await trio.sleep(5)
+        nursery.cancel_scope.cancel()
+    assert len(started) == 32
+    gap = 2 * MiB / (1.5 * rate)
+    span = started[-1] - started[0]
+    # all but the burst's few go out one gap apart (the fake hub is no limit: 10 ms each)
+    assert (32 - 5) * gap <= span <= 32 * gap, (span, gap)
+
+
 async def test_a_run_of_shards_is_read_ahead_across_file_ends(tmp_path, autojump_clock):
     shards = {(100 + i, 1): os.urandom(6 * MiB + 1000 * i) for i in range(4)}
     listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in shards.items()]
