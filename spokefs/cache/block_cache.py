@@ -534,9 +534,26 @@ class BlockCache:
                 present.add(ci)
         return present
 
+    def holds_chunks_now(self, fv: FileVersion, first: int, last: int) -> bool:
+        """Whether chunks ``first..last`` are all held whole, stored or staged (inline,
+        headers only): ``present_chunks_now`` that stops at the first chunk missing."""
+        return self.holding_now([(fv, first, last)])[0]
+
+    def holding_now(self, ranges: list[tuple[FileVersion, int, int]]) -> list[bool]:
+        """``holds_chunks_now`` of each ``(file version, first, last)``, in one read
+        transaction."""
+        if self._condemned:  # rare: blocks failed a checksum, their drop not committed yet
+            return [len(self.present_chunks_now(fv, first, last)) == last - first + 1
+                    for fv, first, last in ranges]
+        return self._inline([False] * len(ranges), "holds", ranges, self._staged_whole)
+
     def has_file(self, fv: FileVersion) -> bool:
         """Whether the whole file is cached or staged (inline, headers only)."""
-        return len(self.present_chunks_now(fv, 0, fv.chunks() - 1)) == fv.chunks()
+        return self.holds_chunks_now(fv, 0, fv.chunks() - 1)
+
+    def has_files(self, files: list[FileVersion]) -> list[bool]:
+        """``has_file`` of each file, in one read transaction."""
+        return self.holding_now([(fv, 0, fv.chunks() - 1) for fv in files])
 
     def _staged_whole(self, fv: FileVersion, ci: int) -> bool:
         pieces = self._staged.get(KEY.pack(fv.file_id, fv.version, ci))

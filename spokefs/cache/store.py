@@ -10,7 +10,7 @@ awaits or touches trio; it may raise any ``lmdb.Error``, which the caller sorts 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import lmdb
@@ -128,6 +128,17 @@ class ChunkStore(ChunkReader):
         """Chunk indexes among ``first..last`` with all their blocks (headers only)."""
         with self._env.begin(buffers=True) as txn:
             return {ci for ci in range(first, last + 1) if self._chunk_full(txn, fv, ci)}
+
+    def holds(self, ranges: list[tuple[FileVersion, int, int]],
+              elsewhere: Callable[[FileVersion, int], bool]) -> list[bool]:
+        """For each ``(file version, first, last)``: whether every chunk among
+        ``first..last`` has all its blocks, here or ``elsewhere(fv, ci)``; one read
+        transaction, headers only. Each stops at its first chunk that has not: for a range
+        not fetched yet, one lookup rather than one per chunk."""
+        with self._env.begin(buffers=True) as txn:
+            return [all(self._chunk_full(txn, fv, ci) or elsewhere(fv, ci)
+                        for ci in range(first, last + 1))
+                    for fv, first, last in ranges]
 
     def complete(self, files: list[FileVersion]) -> set[FileVersion]:
         """The files cached whole (headers only)."""

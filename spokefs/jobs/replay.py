@@ -389,7 +389,7 @@ class Replayer:
         if ahead is not None:  # ``_issue`` gathered them within its room
             ahead.fetching += nbytes
         await self._room_for(nbytes)
-        still = [f for f in files if not self._source.busy_or_cached(FileVersion(*f))]
+        still = self._source.to_fetch(map(FileVersion._make, files))
         if gone := nbytes - sum(size for _, _, size in still):
             self._done(progress, gone)
             self.flight.release(gone)

@@ -42,6 +42,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Protocol
 
 import trio
@@ -286,9 +287,21 @@ class BlockSource:
         """Whether any of the file's chunks is in flight, or all of it is cached or staged."""
         return self._claims.any_busy(fv) or self._cache.has_file(fv)
 
+    def to_fetch(self, files: Iterable[FileVersion]) -> list[FileVersion]:
+        """The files neither in flight nor cached whole (``busy_or_cached`` of each, in one
+        read transaction)."""
+        idle = [f for f in files if not self._claims.any_busy(f)]
+        return [f for f, held in zip(idle, self._cache.has_files(idle), strict=True)
+                if not held]
+
     def present_chunks(self, fv: FileVersion, first: int, last: int) -> set[int]:
         """Which of chunks ``first..last`` are cached or staged (inline, headers only)."""
         return self._cache.present_chunks_now(fv, first, last)
+
+    def holds_chunks(self, fv: FileVersion, first: int, last: int) -> bool:
+        """Whether chunks ``first..last`` are all cached or staged (inline, headers only;
+        stops at the first that is not)."""
+        return self._cache.holds_chunks_now(fv, first, last)
 
     async def complete_files(self, files: list[FileVersion]) -> set[FileVersion]:
         """Which of these file versions are cached whole."""
@@ -381,8 +394,8 @@ class BlockSource:
     def _claim_pack(self, plan: protocol.PackPlan) -> tuple[dict[MemberKey, FileVersion],
                                                         dict[MemberKey, set[ChunkKey]]]:
         """Claim the members that are neither cached, staged nor in flight (no await)."""
-        members = [FileVersion(*m) for m in plan.members]
-        free = {(f.file_id, f.version): f for f in members if not self.busy_or_cached(f)}
+        free = {(f.file_id, f.version): f
+                for f in self.to_fetch(map(FileVersion._make, plan.members))}
         claims = {key: self._claims.claim(f, range(f.chunks()))[0] for key, f in free.items()}
         return free, claims
 

@@ -297,8 +297,8 @@ class DirFiller:
         still to come."""
         while queue := self._queue or self._later:
             plan, dir_id = queue.popleft()
-            nbytes = sum(m[2] for m in plan.members
-                         if not self._source.busy_or_cached(FileVersion(*m)))
+            nbytes = sum(f.size for f in
+                         self._source.to_fetch(map(FileVersion._make, plan.members)))
             if nbytes:
                 return plan, dir_id, nbytes
             self._done(dir_id)

@@ -329,13 +329,13 @@ class Prefetcher:
 
         And no faster than ``_PACE_ABOVE_RATE`` times the link's rate (after a burst of
         ``_PACE_BURST_S``): see "Paced starts" in the module docstring."""
-        present = self._source.present_chunks
+        held = self._source.holds_chunks
         next_start = trio.current_time()
         async for job in self._jobs_rx:
             if job.epoch != job.stream.epoch:
                 continue  # the reader went elsewhere or closed the file
             first, last = job.start // CHUNK_SIZE, (job.end - 1) // CHUNK_SIZE
-            if len(present(job.stream.fv, first, last)) == last - first + 1:
+            if held(job.stream.fv, first, last):
                 continue  # cached already (a warm reader): no slot, no task
             slot = object()
             await self._limiter.acquire_on_behalf_of(slot)

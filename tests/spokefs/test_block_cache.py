@@ -534,6 +534,7 @@ async def test_corrupt_block_is_dropped_and_reported_missing(tmp_path):
         assert got.data is None and got.corrupt == [2] and got.missing == [0, 1, 2, 3]
         assert metrics.CHECKSUM_FAILURES._value.get() == failures + 1
         assert not cache.has_file(fv)  # so a fill fetches it again
+        assert not cache.holds_chunks_now(fv, 0, 0)
         with trio.fail_after(10):  # the writer drops block 2 alone
             await poll_until(lambda: cache.statistics().bytes_used == 3 * BLOCK_SIZE, 0.01)
         nursery.cancel_scope.cancel()
@@ -543,7 +544,28 @@ async def test_corrupt_block_is_dropped_and_reported_missing(tmp_path):
     assert metrics.CHECKSUM_FAILURES._value.get() == failures + 1
     await stage_and_store(cache, 5, 5, blocks_of(data, range(2, 3)))
     assert (await read_range(cache, 5, 5, 0, len(data))).data == data
-    assert cache.has_file(fv)
+    assert cache.has_file(fv) and cache.holds_chunks_now(fv, 0, 0)
+    cache.close()
+
+
+async def test_holds_chunks_counts_stored_and_staged_chunks_whole(tmp_path):
+    """``holds_chunks_now`` (which stops at the first chunk missing) says what
+    ``present_chunks_now`` says of every range: chunks 0-1 stored, 2 missing, 3 staged, 4
+    stored but for one block."""
+    data = os.urandom(5 * CHUNK_SIZE)
+    fv = FileVersion(9, 1, len(data))
+    cache = BlockCache(tmp_path, 64 << 20)
+    await stage_and_store(cache, 9, 1, [(0, data[: 2 * CHUNK_SIZE]),
+                                        (4 * CHUNK_BLOCKS, data[4 * CHUNK_SIZE : -BLOCK_SIZE])])
+    cache.stage(9, 1, [(3 * CHUNK_BLOCKS, data[3 * CHUNK_SIZE : 4 * CHUNK_SIZE])])
+    assert cache.present_chunks_now(fv, 0, 4) == {0, 1, 3}
+    for first in range(5):
+        for last in range(first, 5):
+            want = all(ci in (0, 1, 3) for ci in range(first, last + 1))
+            assert cache.holds_chunks_now(fv, first, last) == want, (first, last)
+    head = FileVersion(9, 1, 2 * CHUNK_SIZE)  # as if the file were its first two chunks
+    assert cache.has_files([fv, head]) == [False, True]
+    assert not cache.has_file(fv) and cache.has_file(head)
     cache.close()
 
 
