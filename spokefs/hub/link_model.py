@@ -176,15 +176,15 @@ class LinkReach:
     def bdp_bytes(self, now: float | None = None) -> int | None:
         """Rate x round trip, in bytes; None while no answer has come (no round trip yet)."""
         rtt = self._rtt_s()
-        if rtt is None:
-            self._meter.sample(self._received(), now)
-            return None
-        return int(self.rate_bps(now) * rtt)
+        rate = self._rate(rtt, now)
+        return None if rtt is None else int(rate * rtt)
 
     def rate_bps(self, now: float | None = None) -> float:
         """The link's rate as measured (at least ``assumed_bps`` until it has settled)."""
+        return self._rate(self._rtt_s(), now)
+
+    def _rate(self, rtt: float | None, now: float | None) -> float:
         self._meter.sample(self._received(), now)
-        rtt = self._rtt_s()
         rate = self._meter.peak_bps
         if rtt is None or not self._meter.settled(rtt, now):
             rate = max(rate, self._assumed_bps)
