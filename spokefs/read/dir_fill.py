@@ -306,9 +306,12 @@ class DirFiller:
 
     def _reclaim(self) -> None:
         """Stop counting fetched files that have left the cache unread (evicted): they use
-        no budget any more. Looks at the oldest ``_RECLAIM_SCAN`` (headers, inline)."""
-        for key, f in list(itertools.islice(self._unread.items(), _RECLAIM_SCAN)):
-            if not self._source.busy_or_cached(f):
+        no budget any more. Looks at the oldest ``_RECLAIM_SCAN`` (headers, inline, in one
+        read transaction)."""
+        oldest = list(itertools.islice(self._unread.items(), _RECLAIM_SCAN))
+        gone = set(self._source.to_fetch(f for _, f in oldest))
+        for key, f in oldest:
+            if f in gone:
                 del self._unread[key]
                 self._unread_bytes -= f.size
 
