@@ -71,6 +71,20 @@ class BadHead(ValueError):
     """A chunk header that cannot be decoded (a corrupt or foreign record)."""
 
 
+def head_bitmap(raw: bytes | memoryview) -> int | None:
+    """The block bitmap of a ``head`` record without decoding the rest (the question "does
+    it hold these blocks?" asks nothing else); None where ``ChunkHead.decode`` would raise
+    BadHead."""
+    n = len(raw)
+    if n < _HEAD.size:
+        return None
+    bitmap: int = raw[0] | raw[1] << 8
+    fixed = _HEAD.size + 8 * bitmap.bit_count()
+    if raw[3] > PINNED or not fixed <= n <= fixed + _OVERFLOW_PAGE_HEADER:
+        return None
+    return bitmap
+
+
 def tail_len(nbytes: int, page_size: int) -> int:
     """Bytes to move into the header so ``nbytes`` of data need no extra overflow page."""
     pages = -(-nbytes // page_size)

@@ -31,6 +31,7 @@ from spokefs.cache.layout import (
     BadHead,
     CacheState,
     ChunkHead,
+    head_bitmap,
     split_blocks,
     tail_len,
 )
@@ -152,8 +153,9 @@ class ChunkStore(ChunkReader):
         want = min(CHUNK_BLOCKS, fv.blocks() - ci * CHUNK_BLOCKS)
         if want <= 0:
             return True
-        head = self.read_head(txn, KEY.pack(fv.file_id, fv.version, ci))
-        return head is not None and (head.bitmap & ((1 << want) - 1)).bit_count() == want
+        raw = txn.get(KEY.pack(fv.file_id, fv.version, ci), db=self._head)
+        bitmap = None if raw is None else head_bitmap(raw)
+        return bitmap is not None and (bitmap & ((1 << want) - 1)).bit_count() == want
 
     def cached_bytes(self, files: list[FileVersion]) -> int:
         """Bytes of these files held (headers only)."""
@@ -162,11 +164,12 @@ class ChunkStore(ChunkReader):
             for f in files:
                 last_ci, last_slot = divmod(f.blocks() - 1, CHUNK_BLOCKS)
                 for ci in range(f.chunks()):
-                    head = self.read_head(txn, KEY.pack(f.file_id, f.version, ci))
-                    if head is None:
+                    raw = txn.get(KEY.pack(f.file_id, f.version, ci), db=self._head)
+                    bitmap = None if raw is None else head_bitmap(raw)
+                    if bitmap is None:
                         continue
-                    total += head.bitmap.bit_count() * BLOCK_SIZE
-                    if ci == last_ci and head.bitmap >> last_slot & 1:
+                    total += bitmap.bit_count() * BLOCK_SIZE
+                    if ci == last_ci and bitmap >> last_slot & 1:
                         total -= f.blocks() * BLOCK_SIZE - f.size  # the short last block
         return total
 

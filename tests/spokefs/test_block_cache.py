@@ -24,7 +24,7 @@ from spokefs.cache.block_cache import (
     BlockCache,
     CacheStats,
 )
-from spokefs.cache.layout import KEY, PINNED, PROTECTED, ChunkHead
+from spokefs.cache.layout import KEY, PINNED, PROTECTED, BadHead, ChunkHead, head_bitmap
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
 from spokefs.read.block_source import BlockSource
 from spokefs.read.reader import Reader
@@ -567,6 +567,26 @@ async def test_holds_chunks_counts_stored_and_staged_chunks_whole(tmp_path):
     assert cache.has_files([fv, head]) == [False, True]
     assert not cache.has_file(fv) and cache.has_file(head)
     cache.close()
+
+
+def test_head_bitmap_is_the_decoded_bitmap_or_none_where_decode_fails():
+    """``head_bitmap`` (what "is it held?" reads of a header) agrees with ``ChunkHead.decode``
+    on headers of every shape, and refuses what decode refuses."""
+    rnd = random.Random(3)
+    for _ in range(500):
+        bitmap = rnd.randrange(1 << CHUNK_BLOCKS)
+        head = ChunkHead(bitmap, rnd.randrange(4), rnd.randrange(3), rnd.randrange(1 << 40),
+                         rnd.randrange(1 << 40), [rnd.randrange(1 << 64)
+                                                  for _ in range(bitmap.bit_count())],
+                         os.urandom(rnd.randrange(17)), rnd.randrange(1 << 64))
+        raw = head.encode()
+        assert head_bitmap(raw) == ChunkHead.decode(raw).bitmap == bitmap
+        fixed = len(raw) - len(head.tail)  # the fields and the sums: cut, no header
+        for bad in (raw[: rnd.randrange(fixed)], raw + os.urandom(17),
+                    raw[:3] + bytes([3]) + raw[4:]):
+            with pytest.raises(BadHead):
+                ChunkHead.decode(bad)
+            assert head_bitmap(bad) is None
 
 
 async def test_a_corrupt_block_fails_a_read_of_most_of_its_chunk(tmp_path):
