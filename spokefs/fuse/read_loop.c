@@ -71,6 +71,8 @@
 /* The kernel refuses a read(2) of /dev/fuse into less than max_write plus the headers, and
  * libfuse offers max_write = 1 MiB (FUSE_MAX_MAX_PAGES pages) at INIT. */
 #define REQUEST_BUFFER ((1 << 20) + 64 * 1024)
+/* a READ's stored values read in one pread: MAX_CHUNKS values and their pages' headers */
+#define SPAN_BUFFER (MAX_CHUNKS * (CHUNK_SIZE + 4096))
 #define HIT_ENOUGH 8           /* hits worth a message 5 ms on (the module's HIT_ENOUGH) */
 #define HIT_BATCH 64           /* a full batch wakes Python at once (the module's HIT_BATCH) */
 #define HIT_BYTES (4u << 20)   /* ... and so do this many bytes of hits (the module's HIT_BYTES) */
@@ -136,12 +138,16 @@ typedef struct {
     uint64_t served[FUSE_REMOVEMAPPING + 1];   /* requests answered here, by opcode; atomics */
     uint64_t forwarded;
     int ended;
+    char *data_path;            /* the block cache's data.mdb, which the threads pread */
+    uint64_t map_reads;         /* READs whose data came from the map (the fallback); atomic */
 } Loop;
 
 struct thread_state {
     Loop *loop;
     MDB_txn *ns_txn, *blk_txn;
     char *buf;
+    int data_fd;                /* its own descriptor of data.mdb: its own read-ahead state */
+    unsigned char *span;        /* SPAN_BUFFER bytes: a READ's values, read from data.mdb */
 };
 
 /* ---------------------------------------------------------------- byte order helpers */
@@ -630,7 +636,8 @@ static void page_span(const unsigned char *value, size_t len, void **start, size
     *span = (uintptr_t)value + len - a;
 }
 
-/* Start the disk reads of a value's pages that are not in RAM (no wait). */
+/* (The fallback read path, from the map.) Start the disk reads of a value's pages that are
+ * not in RAM (no wait). */
 static void will_need(const unsigned char *value, size_t len)
 {
     void *start;
@@ -646,6 +653,52 @@ static void populate(const unsigned char *value, size_t len)
     size_t span;
     page_span(value, len, &start, &span);
     madvise(start, span, MADV_POPULATE_READ);  /* EINVAL before Linux 5.14: faults then */
+}
+
+/* The address the block cache's file is mapped at: every LMDB page begins with its own page
+ * number (mp_pgno), so any page of the map tells where page 0 is. */
+static uintptr_t map_base(const void *in_page)
+{
+    uintptr_t psize = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t start = (uintptr_t)in_page & ~(psize - 1);
+    uint64_t pgno;
+    memcpy(&pgno, (const void *)start, sizeof(pgno));
+    return start - (uintptr_t)(pgno * psize);
+}
+
+struct piece { const unsigned char *value; size_t vlen; struct head hd; };
+
+/* Read the pieces' values from data.mdb into t->span and point the pieces at the copies:
+ * one pread when they lie in order within SPAN_BUFFER bytes (a file's chunks are stored
+ * together), else one per value. 0 when read whole, -1 otherwise (the map serves). */
+static int read_values(struct thread_state *t, struct piece *pieces, int n, uintptr_t base)
+{
+    uint64_t lo = (uintptr_t)pieces[0].value - base, end = lo;
+    int in_order = 1;
+    for (int i = 0; i < n; i++) {
+        uint64_t off = (uintptr_t)pieces[i].value - base;
+        if (off < end && i > 0)
+            in_order = 0;
+        end = off + pieces[i].vlen;
+    }
+    if (in_order && end - lo <= SPAN_BUFFER) {
+        if (pread(t->data_fd, t->span, end - lo, (off_t)lo) != (ssize_t)(end - lo))
+            return -1;
+        for (int i = 0; i < n; i++)
+            pieces[i].value = t->span + ((uintptr_t)pieces[i].value - base - lo);
+        return 0;
+    }
+    size_t pos = 0;
+    for (int i = 0; i < n; i++) {
+        uint64_t off = (uintptr_t)pieces[i].value - base;
+        if (pos + pieces[i].vlen > SPAN_BUFFER ||
+                pread(t->data_fd, t->span + pos, pieces[i].vlen, (off_t)off) !=
+                    (ssize_t)pieces[i].vlen)
+            return -1;
+        pieces[i].value = t->span + pos;
+        pos += pieces[i].vlen;
+    }
+    return 0;
 }
 
 /* chunk_reader._verify: blocks lo..hi (all present) good? */
@@ -672,7 +725,8 @@ static int serve_cached(Loop *l, struct thread_state *t, const struct fuse_in_he
 {
     uint64_t version = attr->version;
     struct iovec iov[1 + 2 * MAX_CHUNKS];
-    struct piece { const unsigned char *value; size_t vlen; struct head hd; } pieces[MAX_CHUNKS];
+    struct piece pieces[MAX_CHUNKS];
+    uintptr_t base = 0;
     int n = 1;
     struct hit hit;
     uint64_t by_origin[ORIGINS] = {0};
@@ -683,9 +737,14 @@ static int serve_cached(Loop *l, struct thread_state *t, const struct fuse_in_he
     if (mdb_txn_renew(t->blk_txn) != 0)
         return 0;
     int ok = 1;
-    /* First every chunk's records, then the disk reads of all their data at once (the map
-     * is MADV_RANDOM: a fault reads one page, so this is what reads the rest, and the
-     * chunks' reads overlap), then the checks, which touch the bytes. */
+    /* First every chunk's records (from the map), then all their data at once: read with
+     * pread from data.mdb into the thread's span (read_values), then the checks and the
+     * reply, from that copy. The data's pages are never mapped: the kernel reads them with
+     * its read-ahead (large folios, a sequential stream's next pages read ahead, a random
+     * read as is), where the map (MADV_RANDOM) read them a page at a time, and each had to
+     * be mapped (MADV_POPULATE_READ) and pinned again by the reply's copy (measured in
+     * docs/design.md, "Disk reads"). The map is the fallback when a pread comes back short
+     * or data.mdb could not be opened. */
     for (uint64_t ci = first; ok && ci <= last; ci++) {
         unsigned char key[24];
         put_be64(key, fid);
@@ -700,11 +759,17 @@ static int serve_cached(Loop *l, struct thread_state *t, const struct fuse_in_he
         }
         pc->value = dv.mv_data;
         pc->vlen = dv.mv_size;
+        if (!base)
+            base = map_base(hv.mv_data);
     }
-    for (uint64_t ci = first; ok && ci <= last; ci++)
-        will_need(pieces[ci - first].value, pieces[ci - first].vlen);
-    for (uint64_t ci = first; ok && ci <= last; ci++)
-        populate(pieces[ci - first].value, pieces[ci - first].vlen);
+    int npieces = (int)(last - first + 1);
+    if (ok && !(t->data_fd >= 0 && read_values(t, pieces, npieces, base) == 0)) {
+        __atomic_add_fetch(&l->map_reads, 1, __ATOMIC_RELAXED);
+        for (uint64_t ci = first; ci <= last; ci++)
+            will_need(pieces[ci - first].value, pieces[ci - first].vlen);
+        for (uint64_t ci = first; ci <= last; ci++)
+            populate(pieces[ci - first].value, pieces[ci - first].vlen);
+    }
     for (uint64_t ci = first; ok && ci <= last; ci++) {
         uint64_t base = ci * CHUNK_SIZE;
         size_t a = (size_t)((off > base ? off : base) - base);
@@ -766,8 +831,9 @@ static int serve_cached(Loop *l, struct thread_state *t, const struct fuse_in_he
         signal_python(l);
     /* The reply after the hit is gathered: a reader that has its bytes and then asks the
      * coordinator anything (a control attribute) finds the hit counted, since gathered hits
-     * go ahead of every request to it (worker_channel.Channel.send). Straight from the map,
-     * inside the transaction: the writer cannot reuse these pages before the reset. */
+     * go ahead of every request to it (worker_channel.Channel.send). Inside the
+     * transaction: the tails are in the map (and, on the fallback, all the data), whose
+     * pages the writer cannot reuse before the reset. */
     send_reply(l, h->unique, 0, iov, n);
     mdb_txn_reset(t->blk_txn);
     return 1;
@@ -935,7 +1001,10 @@ static void *serve_thread(void *arg)
     }
     mdb_txn_abort(t->ns_txn);
     mdb_txn_abort(t->blk_txn);
+    if (t->data_fd >= 0)
+        close(t->data_fd);
     free(t->buf);
+    free(t->span);
     free(t);
     return NULL;
 }
@@ -1014,6 +1083,14 @@ static int Loop_init(Loop *self, PyObject *args, PyObject *kwds)
     split_timeout(timeout, &self->timeout_sec, &self->timeout_nsec);
     self->whole_read_max = whole;
     self->nthreads = threads;
+    size_t plen = strlen(blk_path);
+    self->data_path = malloc(plen + sizeof("/data.mdb"));
+    if (!self->data_path) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(self->data_path, blk_path, plen);
+    memcpy(self->data_path + plen, "/data.mdb", sizeof("/data.mdb"));
     self->hits = malloc(sizeof(struct hit) * HITS_KEPT);
     self->threads = calloc((size_t)threads, sizeof(pthread_t));
     if (!self->hits || !self->threads) {
@@ -1029,7 +1106,9 @@ static int Loop_init(Loop *self, PyObject *args, PyObject *kwds)
     /* Both maps without read-ahead (MADV_RANDOM): a fault reads its page alone. The mapping's
      * read-around would otherwise read the disk's whole read_ahead_kb (8 MiB on this VM's
      * disk) around every fault in the block cache's file, whose chunks lie in fill order,
-     * not read order; a READ asks for exactly its chunks' pages instead (will_need). */
+     * not read order. A READ's data is read with pread instead (read_values), whose
+     * read-ahead follows the reads on that descriptor and the pages cached before them;
+     * the map is read for the records, and for the data only on the fallback (will_need). */
     if (open_env(&self->ns_env, ns_path, (size_t)1 << 36) != 0 ||
             open_env(&self->blk_env, blk_path, (size_t)map_bytes) != 0)
         return -1;
@@ -1059,7 +1138,10 @@ static PyObject *Loop_start(Loop *self, PyObject *unused)
         if (t) {
             t->loop = self;
             t->buf = malloc(REQUEST_BUFFER);
-            rc = t->buf ? 0 : ENOMEM;
+            t->span = malloc(SPAN_BUFFER);
+            rc = t->buf && t->span ? 0 : ENOMEM;
+            /* (-1: the thread serves from the map, as before pread) */
+            t->data_fd = rc == 0 ? open(self->data_path, O_RDONLY | O_CLOEXEC) : -1;
         }
         if (rc == 0)
             rc = mdb_txn_begin(self->ns_env, NULL, MDB_RDONLY, &t->ns_txn);
@@ -1078,7 +1160,10 @@ static PyObject *Loop_start(Loop *self, PyObject *unused)
                     mdb_txn_abort(t->ns_txn);
                 if (t->blk_txn)
                     mdb_txn_abort(t->blk_txn);
+                if (t->data_fd >= 0)
+                    close(t->data_fd);
                 free(t->buf);
+                free(t->span);
                 free(t);
             }
             self->nthreads = i;
@@ -1141,6 +1226,7 @@ static void Loop_dealloc(Loop *self)
         close(self->event_fd);
     free(self->hits);
     free(self->threads);
+    free(self->data_path);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1328,6 +1414,7 @@ static PyObject *Loop_statistics(Loop *self, PyObject *unused)
     for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
         counts[i] = __atomic_load_n(&self->served[ops[i].op], __ATOMIC_RELAXED);
     uint64_t forwarded = self->forwarded, dropped = self->hits_dropped;
+    uint64_t map_reads = __atomic_load_n(&self->map_reads, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&self->lock);
     for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++) {
         PyObject *v = PyLong_FromUnsignedLongLong(counts[i]);
@@ -1338,8 +1425,9 @@ static PyObject *Loop_statistics(Loop *self, PyObject *unused)
         }
         Py_DECREF(v);
     }
-    return Py_BuildValue("{sNsKsKsi}", "requests", served, "forwarded", forwarded,
-                         "hits_dropped", dropped, "threads", self->nthreads);
+    return Py_BuildValue("{sNsKsKsKsi}", "requests", served, "forwarded", forwarded,
+                         "hits_dropped", dropped, "map_reads", map_reads,
+                         "threads", self->nthreads);
 }
 
 static PyObject *Loop_event_fd(Loop *self, void *closure)

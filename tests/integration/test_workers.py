@@ -8,6 +8,7 @@ import errno
 import hashlib
 import mmap
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -223,7 +224,10 @@ def test_sigterm_unmounts_cleanly_and_the_workers_exit_and_log_with_it(src, tmp_
         spoke.start()
         wait_for("the worker", lambda: len(worker_pids(spoke)) == 1)
         workers = worker_pids(spoke)
-        files_of(spoke.mnt)
+        want = files_of(src)
+        assert files_of(spoke.mnt) == want  # cold: the coordinator fills the cache
+        drop_page_cache()
+        assert files_of(spoke.mnt) == want  # warm: the worker's threads serve it
         assert spoke.proc is not None
         spoke.proc.send_signal(signal.SIGTERM)
         assert spoke.proc.wait(timeout=30) == 0, spoke.stderr()
@@ -233,6 +237,10 @@ def test_sigterm_unmounts_cleanly_and_the_workers_exit_and_log_with_it(src, tmp_
         assert "Traceback" not in log + spoke.stderr(), log + spoke.stderr()
         assert "worker1 spokefs.fuse.worker: worker 1 serving" in log, log
         assert "worker1 spokefs.fuse.worker: worker 1 stopped" in log, log
+        # its threads read the cached data with pread, never from the map (the fallback)
+        stopped = re.search(r"worker 1 stopped: .*'read': (\d+).*'map_reads': (\d+)", log)
+        assert stopped is not None, log
+        assert int(stopped[1]) > 0 and int(stopped[2]) == 0, stopped[0]
     finally:
         spoke.unmount()
 
