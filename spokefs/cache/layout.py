@@ -85,6 +85,26 @@ def head_bitmap(raw: bytes | memoryview) -> int | None:
     return bitmap
 
 
+_SEQ_TICK = struct.Struct("<QQ")  # a header's seq and stored tick, after its segment byte
+_SEQ_AT = 4
+
+
+def promoted_head(raw: bytes | memoryview, seq: int,
+                  tick: int) -> tuple[bytes, bytearray, int] | None:
+    """A probation chunk's ``head`` record moved to the protected segment, made from its
+    bytes (a promotion changes the segment, seq and stored tick and nothing else, so the
+    sums are not decoded and packed again): ``(order key it leaves, new record, tail
+    length)``; None if the record is undecodable (``head_bitmap``) or not in probation."""
+    bitmap = head_bitmap(raw)
+    if bitmap is None or raw[3] != PROBATION:
+        return None
+    new = bytearray(raw)
+    old_seq, _ = _SEQ_TICK.unpack_from(new, _SEQ_AT)
+    new[3] = PROTECTED
+    _SEQ_TICK.pack_into(new, _SEQ_AT, seq, tick)
+    return ORDER_KEY.pack(PROBATION, old_seq), new, len(new) - _HEAD.size - 8 * bitmap.bit_count()
+
+
 def tail_len(nbytes: int, page_size: int) -> int:
     """Bytes to move into the header so ``nbytes`` of data need no extra overflow page."""
     pages = -(-nbytes // page_size)

@@ -24,7 +24,16 @@ from spokefs.cache.block_cache import (
     BlockCache,
     CacheStats,
 )
-from spokefs.cache.layout import KEY, PINNED, PROTECTED, BadHead, ChunkHead, head_bitmap
+from spokefs.cache.layout import (
+    KEY,
+    PINNED,
+    PROBATION,
+    PROTECTED,
+    BadHead,
+    ChunkHead,
+    head_bitmap,
+    promoted_head,
+)
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
 from spokefs.read.block_source import BlockSource
 from spokefs.read.reader import Reader
@@ -587,6 +596,30 @@ def test_head_bitmap_is_the_decoded_bitmap_or_none_where_decode_fails():
             with pytest.raises(BadHead):
                 ChunkHead.decode(bad)
             assert head_bitmap(bad) is None
+
+
+def test_a_promoted_head_is_the_decoded_head_moved_to_protected():
+    """``promoted_head`` (the header a promotion writes, made from its bytes) is what
+    decoding, changing segment, seq and stored tick, and encoding again gives; it leaves the
+    order key the old header had, and refuses what is not a decodable probation header."""
+    rnd = random.Random(5)
+    for _ in range(300):
+        bitmap = rnd.randrange(1, 1 << CHUNK_BLOCKS)
+        head = ChunkHead(bitmap, rnd.randrange(4), PROBATION, rnd.randrange(1 << 40),
+                         rnd.randrange(1 << 40), [rnd.randrange(1 << 64)
+                                                  for _ in range(bitmap.bit_count())],
+                         os.urandom(rnd.randrange(17)), rnd.randrange(1 << 64))
+        raw = head.encode()
+        seq, tick = rnd.randrange(1 << 40), rnd.randrange(1 << 40)
+        moved = promoted_head(memoryview(raw), seq, tick)
+        assert moved is not None
+        left, new, tail = moved
+        want = ChunkHead.decode(raw)
+        assert left == want.order_key()
+        want.segment, want.seq, want.stored_tick = PROTECTED, seq, tick
+        assert bytes(new) == want.encode() and tail == len(want.tail)
+        assert promoted_head(new, seq + 1, tick) is None  # protected already
+        assert promoted_head(raw + os.urandom(17), seq, tick) is None  # undecodable
 
 
 async def test_a_corrupt_block_fails_a_read_of_most_of_its_chunk(tmp_path):
