@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 import lmdb
 import xxhash
 
-from spokefs.cache.layout import KEY, PROTECTED, BadHead, ChunkHead, split_blocks
+from spokefs.cache.layout import KEY, PROTECTED, BadHead, ChunkHead, head_bitmap, split_blocks
 from spokefs.cache.residency import resident
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
+from spokefs.types import FileVersion
 
 ORIGIN_DEMAND = 0
 ORIGIN_PREFETCH = 1
@@ -127,6 +128,56 @@ class ChunkReader:
             return self.get_head(txn, key)
         except BadHead:
             return None
+
+    # -- headers only ---------------------------------------------------------------
+
+    def present(self, fv: FileVersion, first: int, last: int) -> set[int]:
+        """Chunk indexes among ``first..last`` with all their blocks (headers only)."""
+        with self._env.begin(buffers=True) as txn:
+            return {ci for ci in range(first, last + 1) if self._chunk_full(txn, fv, ci)}
+
+    def holds(self, ranges: list[tuple[FileVersion, int, int]],
+              elsewhere: Callable[[FileVersion, int], bool]) -> list[bool]:
+        """For each ``(file version, first, last)``: whether every chunk among
+        ``first..last`` has all its blocks, here or ``elsewhere(fv, ci)``; one read
+        transaction, headers only. Each stops at its first chunk that has not: for a range
+        not fetched yet, one lookup rather than one per chunk."""
+        with self._env.begin(buffers=True) as txn:
+            return [all(self._chunk_full(txn, fv, ci) or elsewhere(fv, ci)
+                        for ci in range(first, last + 1))
+                    for fv, first, last in ranges]
+
+    def complete(self, files: list[FileVersion]) -> set[FileVersion]:
+        """The files cached whole (headers only)."""
+        with self._env.begin(buffers=True) as txn:
+            return {
+                f for f in files
+                if all(self._chunk_full(txn, f, ci) for ci in range(f.chunks()))
+            }
+
+    def _chunk_full(self, txn: lmdb.Transaction, fv: FileVersion, ci: int) -> bool:
+        want = min(CHUNK_BLOCKS, fv.blocks() - ci * CHUNK_BLOCKS)
+        if want <= 0:
+            return True
+        raw = txn.get(KEY.pack(fv.file_id, fv.version, ci), db=self._head)
+        bitmap = None if raw is None else head_bitmap(raw)
+        return bitmap is not None and (bitmap & ((1 << want) - 1)).bit_count() == want
+
+    def cached_bytes(self, files: list[FileVersion]) -> int:
+        """Bytes of these files held (headers only)."""
+        total = 0
+        with self._env.begin(buffers=True) as txn:
+            for f in files:
+                last_ci, last_slot = divmod(f.blocks() - 1, CHUNK_BLOCKS)
+                for ci in range(f.chunks()):
+                    raw = txn.get(KEY.pack(f.file_id, f.version, ci), db=self._head)
+                    bitmap = None if raw is None else head_bitmap(raw)
+                    if bitmap is None:
+                        continue
+                    total += bitmap.bit_count() * BLOCK_SIZE
+                    if ci == last_ci and bitmap >> last_slot & 1:
+                        total -= f.blocks() * BLOCK_SIZE - f.size  # the short last block
+        return total
 
 
 class NotResident(Exception):

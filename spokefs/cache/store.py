@@ -10,7 +10,7 @@ awaits or touches trio; it may raise any ``lmdb.Error``, which the caller sorts 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
@@ -32,7 +32,6 @@ from spokefs.cache.layout import (
     BadHead,
     CacheState,
     ChunkHead,
-    head_bitmap,
     promoted_head,
     split_blocks,
     tail_len,
@@ -126,54 +125,6 @@ class ChunkStore(ChunkReader):
         for name in (b"chunks", b"fifo", b"data", b"head", b"order", b"meta"):
             if txn.get(name) is not None:
                 txn.drop(self._env.open_db(name, txn=txn), delete=True)
-
-    def present(self, fv: FileVersion, first: int, last: int) -> set[int]:
-        """Chunk indexes among ``first..last`` with all their blocks (headers only)."""
-        with self._env.begin(buffers=True) as txn:
-            return {ci for ci in range(first, last + 1) if self._chunk_full(txn, fv, ci)}
-
-    def holds(self, ranges: list[tuple[FileVersion, int, int]],
-              elsewhere: Callable[[FileVersion, int], bool]) -> list[bool]:
-        """For each ``(file version, first, last)``: whether every chunk among
-        ``first..last`` has all its blocks, here or ``elsewhere(fv, ci)``; one read
-        transaction, headers only. Each stops at its first chunk that has not: for a range
-        not fetched yet, one lookup rather than one per chunk."""
-        with self._env.begin(buffers=True) as txn:
-            return [all(self._chunk_full(txn, fv, ci) or elsewhere(fv, ci)
-                        for ci in range(first, last + 1))
-                    for fv, first, last in ranges]
-
-    def complete(self, files: list[FileVersion]) -> set[FileVersion]:
-        """The files cached whole (headers only)."""
-        with self._env.begin(buffers=True) as txn:
-            return {
-                f for f in files
-                if all(self._chunk_full(txn, f, ci) for ci in range(f.chunks()))
-            }
-
-    def _chunk_full(self, txn: lmdb.Transaction, fv: FileVersion, ci: int) -> bool:
-        want = min(CHUNK_BLOCKS, fv.blocks() - ci * CHUNK_BLOCKS)
-        if want <= 0:
-            return True
-        raw = txn.get(KEY.pack(fv.file_id, fv.version, ci), db=self._head)
-        bitmap = None if raw is None else head_bitmap(raw)
-        return bitmap is not None and (bitmap & ((1 << want) - 1)).bit_count() == want
-
-    def cached_bytes(self, files: list[FileVersion]) -> int:
-        """Bytes of these files held (headers only)."""
-        total = 0
-        with self._env.begin(buffers=True) as txn:
-            for f in files:
-                last_ci, last_slot = divmod(f.blocks() - 1, CHUNK_BLOCKS)
-                for ci in range(f.chunks()):
-                    raw = txn.get(KEY.pack(f.file_id, f.version, ci), db=self._head)
-                    bitmap = None if raw is None else head_bitmap(raw)
-                    if bitmap is None:
-                        continue
-                    total += bitmap.bit_count() * BLOCK_SIZE
-                    if ci == last_ci and bitmap >> last_slot & 1:
-                        total -= f.blocks() * BLOCK_SIZE - f.size  # the short last block
-        return total
 
     # -- write transactions ---------------------------------------------------------
 
@@ -468,34 +419,28 @@ class ChunkStore(ChunkReader):
         txn.put(key, head.encode(), db=self._head)
 
     def _apply_promotions(self, txn: lmdb.Transaction, st: CacheState, plan: Plan) -> None:
-        """Move the plan's probation chunks to the protected segment: each header rewritten
-        from its bytes (``promoted_head``), the new headers and order keys put in one call
-        each (a first warm pass promotes every chunk it reads: 17.0-17.7 us a chunk with a
-        decoded and encoded header and a put per record, 11.9-13.5 with these, measured alone)."""
+        """Move the plan's probation chunks to protected: headers rewritten from their bytes
+        (``promoted_head``), then put with the new order keys in one call per database."""
         heads: list[tuple[bytes, bytearray]] = []
         orders: list[tuple[bytes, bytes]] = []
         head_db, data_db, order_db = self._head, self._data, self.order_db
-        get, delete = txn.get, txn.delete
         for key in plan.promote:
-            raw = get(key, db=head_db)
-            if raw is None:
-                continue
-            moved = promoted_head(raw, st.seq + 1, plan.tick)
-            value = None if moved is None else get(key, db=data_db)
+            raw = txn.get(key, db=head_db)
+            moved = None if raw is None else promoted_head(raw, st.seq + 1, plan.tick)
+            value = None if moved is None else txn.get(key, db=data_db)
             if moved is None or value is None:
                 continue
             st.seq += 1
             left, new, tail = moved
-            delete(left, db=order_db)
+            txn.delete(left, db=order_db)
             heads.append((key, new))
             orders.append((ORDER_KEY.pack(PROTECTED, st.seq), key))
             st.protected_bytes += len(value) + tail
             st.protected_chunks += 1
-        if heads:
-            with txn.cursor(db=head_db) as cur:
-                cur.putmulti(heads)
-            with txn.cursor(db=order_db) as cur:
-                cur.putmulti(orders)
+        with txn.cursor(db=head_db) as cur:
+            cur.putmulti(heads)
+        with txn.cursor(db=order_db) as cur:
+            cur.putmulti(orders)
 
 def chunk_pieces(
     file_id: int, version: int, runs: list[tuple[int, bytes]]
