@@ -32,6 +32,10 @@ import trio
 
 _HEAD_MAX = 64 << 10  # an answer's status line and headers
 _RECEIVE = 1 << 20  # bytes per receive when the length is not known
+# Bytes per receive while a head or a chunk line is awaited: what comes with it beyond its
+# end (the body's start) is copied once more, through ``_Connection.buf``, so not 1 MiB of it
+# (that was two extra copies of half of a 2 MiB cold answer's body: bench_cold_cpu.py).
+_LINE_RECEIVE = 16 << 10
 _CHUNK_LINE_MAX = 4096
 # An idle connection is closed after this long: above the longest the hub client leaves one
 # it keeps warm untouched (7.5 s), below hubd's idle timeout (15 s), far below a NAT's.
@@ -78,10 +82,10 @@ class _Connection:
             sock = self.stream.transport_stream.socket  # type: ignore[attr-defined]
         return bool(sock.is_readable())
 
-    async def receive(self, timeout_s: float) -> bytes | bytearray:
+    async def receive(self, timeout_s: float, size: int = _RECEIVE) -> bytes | bytearray:
         try:
             with trio.fail_after(timeout_s):
-                return await self.stream.receive_some(_RECEIVE)
+                return await self.stream.receive_some(size)
         except trio.TooSlowError:
             raise TransportError(f"no answer byte in {timeout_s:.0f}s") from None
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
@@ -255,7 +259,7 @@ class Answer:
                 return line
             if len(conn.buf) > _CHUNK_LINE_MAX:
                 raise TransportError("a chunk line too long")
-            data = await conn.receive(self._timeout_s)
+            data = await conn.receive(self._timeout_s, _LINE_RECEIVE)
             if not data:
                 raise TransportError("the connection closed inside a chunked answer")
             conn.buf += data
@@ -395,7 +399,7 @@ class Origin:
             if len(conn.buf) > _HEAD_MAX:
                 raise TransportError(f"an answer head longer than {_HEAD_MAX} bytes")
             try:
-                data = await conn.receive(self._timeout_s)
+                data = await conn.receive(self._timeout_s, _LINE_RECEIVE)
             except TransportError as exc:
                 if not conn.buf and isinstance(exc.__cause__, OSError | trio.BrokenResourceError):
                     raise _ClosedBeforeAnswer(str(exc)) from None
