@@ -583,7 +583,7 @@ class BlockCache:
 
     # -- write-behind: staged blocks and the writer -----------------------------------
 
-    def stage(self, file_id: int, version: int, runs: list[tuple[int, bytes]],
+    def stage(self, file_id: int, version: int, runs: list[tuple[int, bytes | memoryview]],
               origin: int = ORIGIN_DEMAND) -> None:
         """Hand verified runs of blocks to the writer; readers see them at once.
 

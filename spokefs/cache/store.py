@@ -443,7 +443,7 @@ class ChunkStore(ChunkReader):
             cur.putmulti(orders)
 
 def chunk_pieces(
-    file_id: int, version: int, runs: list[tuple[int, bytes]]
+    file_id: int, version: int, runs: list[tuple[int, bytes | memoryview]]
 ) -> Iterator[tuple[bytes, int, memoryview]]:
     """Split runs of blocks ``(first block, bytes)`` into ``(chunk key, slot, blocks)``."""
     for first, data in runs:

@@ -457,19 +457,24 @@ class BlockSource:
         start = run.start * BLOCK_SIZE
         stop = min(run.stop * BLOCK_SIZE, fv.size)
         data = await self._hub.fetch_frames(fv.file_id, fv.version, fv.size, start, stop)
-        pieces: list[tuple[int, bytes]] = []  # (first block, bytes) of claimed stretches
-        b = run.start
-        while b < run.stop:
-            stop_b = b
-            while stop_b < run.stop and (fv.file_id, fv.version,
-                                         stop_b // CHUNK_BLOCKS) in claimed:
-                stop_b += 1
-            if stop_b > b:
-                off = (b - run.start) * BLOCK_SIZE
-                pieces.append((b, data[off : off + (stop_b - b) * BLOCK_SIZE]))
-            b = stop_b + 1
+        # (first block, view of the answer) of each stretch of claimed chunks: views, not
+        # copies (the staged pieces keep the answer's bytes alive until they are stored)
+        view = memoryview(data)
+        pieces: list[tuple[int, bytes | memoryview]] = []
+        fid, ver = fv.file_id, fv.version
+        lo: int | None = None  # the first block of the claimed stretch being gathered
+        for ci in range(run.start // CHUNK_BLOCKS, (run.stop - 1) // CHUNK_BLOCKS + 1):
+            if (fid, ver, ci) in claimed:
+                if lo is None:
+                    lo = max(run.start, ci * CHUNK_BLOCKS)
+                continue
+            if lo is not None:
+                pieces.append(_stretch(view, run.start, lo, ci * CHUNK_BLOCKS))
+                lo = None
+        if lo is not None:
+            pieces.append(_stretch(view, run.start, lo, run.stop))
         if pieces:
-            self._cache.stage(fv.file_id, fv.version, pieces, origin)
+            self._cache.stage(fid, ver, pieces, origin)
         return len(data)
 
     def _remember_prefetched(self, fv: FileVersion, chunks: list[int]) -> None:
@@ -483,3 +488,9 @@ class BlockSource:
             self._wasted_bytes //= 2
         while len(self._prefetched) > _TRACKED_PREFETCH_CHUNKS:
             self._prefetched.popitem(last=False)
+
+
+def _stretch(view: memoryview, base: int, first: int, stop: int) -> tuple[int, memoryview]:
+    """Blocks ``first..stop-1`` of an answer whose first block is ``base``: ``(first,
+    view)`` (short at the end of the file)."""
+    return first, view[(first - base) * BLOCK_SIZE : (stop - base) * BLOCK_SIZE]
