@@ -8,6 +8,7 @@ from __future__ import annotations
 from spokefs import protocol
 from spokefs.errors import HubProtocolError
 from spokefs.hub.wire import Answer
+from spokefs.protocol.packs import Member
 
 # the header deploy/regional's nginx adds: its cache status for the answer
 TIER_CACHE_HEADER = "X-Spokefs-Tier-Cache"
@@ -40,10 +41,9 @@ def unframed(body: bytes | bytearray | memoryview, file_id: int, version: int,
         raise HubProtocolError(f"bad framed answer: {exc}") from None
 
 
-def decoded(
-    decoder: protocol.PackDecoder, piece: bytes
-) -> list[tuple[tuple[int, int], tuple[bytes, int] | None]]:
+def scanned(decoder: protocol.PackDecoder, view: memoryview, end: int) -> list[Member]:
+    """``decoder.scan``, its errors the hub client's."""
     try:
-        return decoder.feed(piece)
+        return decoder.scan(view, end)
     except protocol.WireError as exc:
         raise HubProtocolError(f"bad pack answer: {exc}") from None

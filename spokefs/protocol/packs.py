@@ -154,54 +154,80 @@ def encode_pack_record(file_id: int, version: int, data: bytes | None, digest: i
     return PACK_RECORD.pack(file_id, version, len(data), digest) + data
 
 
+Span = tuple[int, int, int]  # a member's (start, stop, digest) in the answer's bytes
+Member = tuple[tuple[int, int], tuple[memoryview, int] | None]
+
+
 class PackDecoder:
     """Decodes a pack answer as it streams in: each file is complete as soon as its last
     byte has arrived, so a reader waiting for it need not wait for the rest of the pack.
 
-    ``feed`` returns the records completed by a piece of the body, ``finish`` checks that
-    the answer was whole; both raise ``WireError`` on a malformed answer.
+    Two ways to give it the answer. ``scan``: the answer is received in place into one
+    buffer, and the members are views of it (no copy: the spoke's hub client, whose staged
+    members keep the buffer alive until they are stored). ``feed``: pieces as they come,
+    the members copied out. ``finish`` checks that the answer was whole; all three raise
+    ``WireError`` on a malformed answer.
     """
 
     def __init__(self, items: list[tuple[int, int]]) -> None:
         self._items = items
         self._next = 0  # index of the item whose record comes next
-        self._buf = bytearray()
+        self._buf = bytearray()  # ``feed``'s bytes not decoded yet
+        self._pos = 0  # ``scan``: where the next record starts in the answer's buffer
         self._record: tuple[int, int, int, int] | None = None  # header of the file under way
 
+    def scan(self, view: memoryview, end: int) -> list[Member]:
+        """The records completed in ``view[:end]`` since the last scan (``view`` holds the
+        answer from its first byte; the bytes before ``end`` must not change while the
+        members returned, views of them, are in use)."""
+        spans, self._pos = self._parse(view, self._pos, end)
+        return [(key, None if span is None else (view[span[0] : span[1]], span[2]))
+                for key, span in spans]
+
     def feed(self, piece: bytes) -> list[tuple[tuple[int, int], tuple[bytes, int] | None]]:
+        """The records completed by ``piece``, the next bytes of the answer (copies)."""
         buf = self._buf
         buf += piece
-        done: list[tuple[tuple[int, int], tuple[bytes, int] | None]] = []
-        pos = 0  # what was decoded goes at the end, in one move: not a move per record
         with memoryview(buf) as view:
-            while True:
-                if self._record is None:
-                    if len(buf) - pos < PACK_RECORD.size:
-                        break
-                    if self._next >= len(self._items):
-                        raise WireError("data after the pack answer")
-                    rfid, rver, length, digest = PACK_RECORD.unpack_from(view, pos)
-                    pos += PACK_RECORD.size
-                    if (rfid, rver) != self._items[self._next]:
-                        raise WireError("pack answer out of order")
-                    if length != PACK_GONE and length < 0:
-                        raise WireError("pack answer with a negative length")
-                    self._record = (rfid, rver, length, digest)
-                rfid, rver, length, digest = self._record
-                if length == PACK_GONE:
-                    done.append(((rfid, rver), None))
-                elif len(buf) - pos >= length:
-                    done.append(((rfid, rver), (bytes(view[pos : pos + length]), digest)))
-                    pos += length
-                else:
-                    break
-                self._record = None
-                self._next += 1
-        del buf[:pos]
+            spans, pos = self._parse(view, 0, len(buf))
+            done = [(key, None if span is None else (bytes(view[span[0] : span[1]]), span[2]))
+                    for key, span in spans]
+        del buf[:pos]  # what was decoded goes at the end, in one move: not a move per record
         return done
 
-    def finish(self) -> None:
-        if self._buf and self._next >= len(self._items):
+    def _parse(self, view: memoryview, pos: int,
+               end: int) -> tuple[list[tuple[tuple[int, int], Span | None]], int]:
+        """The records complete in ``view[pos:end]`` as spans, and where the next begins."""
+        done: list[tuple[tuple[int, int], Span | None]] = []
+        while True:
+            if self._record is None:
+                if end - pos < PACK_RECORD.size:
+                    break
+                if self._next >= len(self._items):
+                    raise WireError("data after the pack answer")
+                rfid, rver, length, digest = PACK_RECORD.unpack_from(view, pos)
+                pos += PACK_RECORD.size
+                if (rfid, rver) != self._items[self._next]:
+                    raise WireError("pack answer out of order")
+                if length != PACK_GONE and length < 0:
+                    raise WireError("pack answer with a negative length")
+                self._record = (rfid, rver, length, digest)
+            rfid, rver, length, digest = self._record
+            if length == PACK_GONE:
+                done.append(((rfid, rver), None))
+            elif end - pos >= length:
+                done.append(((rfid, rver), (pos, pos + length, digest)))
+                pos += length
+            else:
+                break
+            self._record = None
+            self._next += 1
+        return done, pos
+
+    def finish(self, end: int | None = None) -> None:
+        """Check that the answer was whole; ``end``: its length, when it was ``scan``ned."""
+        left = len(self._buf) if end is None else end - self._pos
+        if left and self._next >= len(self._items):
             raise WireError("data after the pack answer")
         if self._next < len(self._items):
             raise WireError("pack answer cut short")

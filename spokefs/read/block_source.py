@@ -408,7 +408,7 @@ class BlockSource:
         arrives, ``demanded`` as a demand fetch. Releases every claim, whatever happens."""
         fetched: list[FileVersion] = []
 
-        def arrived(key: MemberKey, data: bytes | None) -> None:
+        def arrived(key: MemberKey, data: bytes | memoryview | None) -> None:
             claimed = claims.pop(key, None)
             if claimed is None:
                 return  # cached or fetched by someone else meanwhile

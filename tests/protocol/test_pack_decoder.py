@@ -45,6 +45,34 @@ def test_any_split_gives_the_same_records(seed: int) -> None:
         assert dict(got) == want
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_received_in_place_the_same_records_as_views(seed: int) -> None:
+    """``scan``: the answer lands in one buffer in pieces of any size; the members are
+    views of that buffer, and the same records as ``feed`` gives."""
+    body, items, want = _pack(12, seed)
+    rng = random.Random(seed)
+    for _ in range(5):
+        buf = bytearray(len(body) + 100)
+        view = memoryview(buf)
+        decoder = protocol.PackDecoder(items)
+        got: list = []
+        end = 0
+        while end < len(body):
+            step = min(rng.choice([1, 7, protocol.PACK_RECORD.size, 5000, 1 << 20]),
+                       len(body) - end)
+            buf[end : end + step] = body[end : end + step]
+            end += step
+            got += decoder.scan(view, end)
+        decoder.finish(end)
+        assert [k for k, _ in got] == items
+        assert all(rec is None or rec[0].obj is buf for _, rec in got)  # views, no copies
+        assert {k: None if r is None else (bytes(r[0]), r[1]) for k, r in got} == want
+    decoder = protocol.PackDecoder(items)
+    decoder.scan(view, len(body) - 1)
+    with pytest.raises(protocol.WireError, match="cut short"):
+        decoder.finish(len(body) - 1)
+
+
 def test_a_cut_answer_and_trailing_bytes_are_errors() -> None:
     body, items, _ = _pack(3, 1)
     decoder = protocol.PackDecoder(items)
