@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import gc
 import logging
 import os
 import re
@@ -334,10 +335,21 @@ def _warn_plain_token(cfg: SpokeConfig) -> None:
                         "it; serve hubd with --tls-cert/--tls-key and use https://", url)
 
 
+# The mount's cyclic garbage collector: a young collection after this many new container
+# objects, not CPython's 700. A cold read's objects (tasks, frames, answers) live across a
+# few awaits, so at 700 most of them were examined and promoted before they died: 0.13 s of
+# the event loop per 0.8 GB of cold small files (198 young, 18 middle collections, timed
+# with gc.callbacks), 0.04 s at 10,000. Cycles are rare here; they wait a little longer.
+_GC_YOUNG = 10_000
+
+
 def _mount(cfg: SpokeConfig, ready_fd: int | None) -> int:
     from spokefs.fuse.mount import run_mount  # pyfuse3 loads only for mount
 
+    gc.set_threshold(_GC_YOUNG, *gc.get_threshold()[1:])
+
     def on_ready(info: NamespaceInfo) -> None:
+        gc.freeze()  # what the start made stays: no full collection walks it again
         print(
             f"spokefs: mounted {cfg.hub_source} at {cfg.mountpoint} "
             f"({info.entries} entries, generation {info.generation})",
