@@ -228,7 +228,11 @@ class BlockSource:
         chunks = sorted({i // CHUNK_BLOCKS for i in missing})
         claimed, waits = self._claims.claim(fv, chunks)
         extra = self._claim_rest_of_grid(fv, chunks)
-        mine = [i for i in missing if (fv.file_id, fv.version, i // CHUNK_BLOCKS) in claimed]
+        if len(claimed) == len(chunks):  # all ours (the usual case): no test per block
+            mine = list(missing)
+        else:
+            fid, ver = fv.file_id, fv.version
+            mine = [i for i in missing if (fid, ver, i // CHUNK_BLOCKS) in claimed]
         claimed |= extra
         mine.extend(b for _, _, ci in extra for b in chunk_blocks(ci, fv.blocks()))
         try:
