@@ -212,11 +212,14 @@ class BlockSource:
     def _count_waste(self) -> None:
         """Pop the oldest tracked prefetched chunks that are no longer cached (evicted
         before a read used them) into the waste window (inline header reads)."""
+        oldest = list(itertools.islice(self._prefetched.items(), _WASTE_SCAN))
+        # one read transaction for all of them (one each cost 7 % of the event loop's
+        # samples over cold small files: the same oldest entries, every half second)
+        held = self._cache.holding_now([(FileVersion(fid, ver, size), ci, ci)
+                                        for (fid, ver, ci), (_, size) in oldest])
         gone = 0
-        for key, (nbytes, size) in list(itertools.islice(self._prefetched.items(),
-                                                         _WASTE_SCAN)):
-            fid, ver, ci = key
-            if not self._cache.present_chunks_now(FileVersion(fid, ver, size), ci, ci):
+        for (key, (nbytes, _)), kept in zip(oldest, held, strict=True):
+            if not kept:
                 del self._prefetched[key]
                 gone += nbytes
         self._wasted_bytes += gone
