@@ -32,7 +32,16 @@ import functools
 import struct
 from dataclasses import dataclass
 
+import xxhash
+
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS
+
+try:  # C, optional: the same records, built in one call (layout_c.c says why)
+    import spokefs.cache.layout_c as layout_c
+
+    NATIVE = True
+except ImportError:  # pragma: no cover - the package was installed without its C part
+    NATIVE = False
 
 BOUND_RATIO = 1.10
 """``blocks/`` (data.mdb, lock.mdb and the side files) stays within this times ``max_bytes``,
@@ -109,6 +118,32 @@ def tail_len(nbytes: int, page_size: int) -> int:
     """Bytes to move into the header so ``nbytes`` of data need no extra overflow page."""
     pages = -(-nbytes // page_size)
     return max(0, nbytes + _OVERFLOW_PAGE_HEADER - pages * page_size)
+
+
+def new_chunk_record(piece: bytes | memoryview, slot: int, origin: int, segment: int,
+                     seq: int, tick: int, page_size: int) -> tuple[bytes, int]:
+    """The ``head`` record of a new chunk of ``piece`` (its blocks from ``slot`` on, the last
+    may be short) and the length of its ``data`` value (the rest is the record's tail): what
+    ``ChunkHead(...).encode()`` gives with every sum computed, in one native call
+    (``layout_c``) where it is built."""
+    if NATIVE:
+        return layout_c.new_chunk_record(piece, slot, origin, segment, seq, tick, page_size)
+    return new_chunk_record_py(piece, slot, origin, segment, seq, tick, page_size)
+
+
+def new_chunk_record_py(piece: bytes | memoryview, slot: int, origin: int, segment: int,
+                        seq: int, tick: int, page_size: int) -> tuple[bytes, int]:
+    """``new_chunk_record`` in Python (the fallback, and what the tests hold the C part to)."""
+    n = len(piece)
+    blocks = -(-n // BLOCK_SIZE)
+    if n <= 0 or slot < 0 or slot + blocks > CHUNK_BLOCKS:
+        raise ValueError("a piece that does not fit its chunk")
+    digest = xxhash.xxh3_64_intdigest
+    sums = [digest(piece[o : o + BLOCK_SIZE]) for o in range(0, n, BLOCK_SIZE)]
+    cut = n - tail_len(n, page_size)
+    head = ChunkHead(((1 << blocks) - 1) << slot, origin, segment, seq, tick, sums,
+                     bytes(piece[cut:]), digest(piece))
+    return head.encode(), cut
 
 
 @dataclass(slots=True)

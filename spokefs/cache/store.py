@@ -32,6 +32,7 @@ from spokefs.cache.layout import (
     BadHead,
     CacheState,
     ChunkHead,
+    new_chunk_record,
     promoted_head,
     split_blocks,
     tail_len,
@@ -259,13 +260,12 @@ class ChunkStore(ChunkReader):
         if head is None or value is None:  # a new chunk: its bytes as they came, one copy
             if head is not None:  # a header without data
                 self.delete(txn, st, key, head)
-            head = self._new_head(txn, st, key, origin, plan)
-            sums = [
-                xxhash.xxh3_64_intdigest(piece[o : o + BLOCK_SIZE])
-                for o in range(0, len(piece), BLOCK_SIZE)
-            ]
-            bitmap = ((1 << len(sums)) - 1) << slot
-            self._write_chunk(txn, st, key, head, bitmap, sums, piece)
+            segment, stored = self._admit(txn, st, key, origin, plan)
+            record, cut = new_chunk_record(piece, slot, origin, segment, st.seq, stored,
+                                           self._page)
+            txn.put(key, piece[:cut], db=self._data)
+            txn.put(key, record, db=self._head)
+            self._count(st, segment, len(piece))
             return
         # a merge keeps origin, segment and order
         blocks = split_blocks(head, value)
@@ -277,21 +277,20 @@ class ChunkStore(ChunkReader):
             sums_of[slot + n] = xxhash.xxh3_64_intdigest(block)
         self._store(txn, st, key, head, blocks, sums_of)
 
-    def _new_head(
-        self, txn: lmdb.Transaction, st: CacheState, key: bytes, origin: int, plan: Plan
-    ) -> ChunkHead:
-        """The header of a new chunk, with its order record written and counted."""
+    def _admit(self, txn: lmdb.Transaction, st: CacheState, key: bytes, origin: int,
+               plan: Plan) -> tuple[int, int]:
+        """A new chunk's segment and stored tick, its order record (seq ``st.seq``) written
+        and counted."""
         miss = plan.misses.get(key)
         protect = origin == ORIGIN_WARM or (miss is not None and miss[1])
         st.seq += 1
         st.chunks += 1
-        # a demand fill starts its stay at the read that missed: that read was its first use
-        stored = miss[0] if miss is not None else plan.tick
-        head = ChunkHead(0, origin, PROTECTED if protect else PROBATION, st.seq, stored, [], b"")
+        segment = PROTECTED if protect else PROBATION
         if protect:
             st.protected_chunks += 1
-        txn.put(head.order_key(), key, db=self.order_db)
-        return head
+        txn.put(ORDER_KEY.pack(segment, st.seq), key, db=self.order_db)
+        # a demand fill starts its stay at the read that missed: that read was its first use
+        return segment, miss[0] if miss is not None else plan.tick
 
     def _store(
         self, txn: lmdb.Transaction, st: CacheState, key: bytes, head: ChunkHead,
@@ -318,12 +317,16 @@ class ChunkStore(ChunkReader):
         txn.put(key, head.encode(), db=self._head)
         self._account(st, head, len(body))
 
+    @classmethod
+    def _account(cls, st: CacheState, head: ChunkHead, nbytes: int) -> None:
+        cls._count(st, head.segment, nbytes)
+
     @staticmethod
-    def _account(st: CacheState, head: ChunkHead, nbytes: int) -> None:
+    def _count(st: CacheState, segment: int, nbytes: int) -> None:
         st.nbytes += nbytes
-        if head.segment == PROTECTED:
+        if segment == PROTECTED:
             st.protected_bytes += nbytes
-        elif head.segment == PINNED:
+        elif segment == PINNED:
             st.pinned_bytes += nbytes
 
     def delete(self, txn: lmdb.Transaction, st: CacheState, key: bytes, head: ChunkHead) -> None:

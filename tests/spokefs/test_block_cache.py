@@ -352,7 +352,7 @@ async def test_a_failed_transaction_leaves_the_totals_alone(tmp_path, monkeypatc
     await stage_and_store(cache, 1, 1, [(0, os.urandom(CHUNK_SIZE))])
     before = cache.statistics()
     store = type(cache._store)
-    real = store._write_chunk
+    real = store._admit  # each new chunk's first write (its order record)
     calls = []
 
     def fail_on_second(self, *args):
@@ -361,7 +361,7 @@ async def test_a_failed_transaction_leaves_the_totals_alone(tmp_path, monkeypatc
             raise lmdb.TxnFullError("injected")
         return real(self, *args)
 
-    monkeypatch.setattr(store, "_write_chunk", fail_on_second)
+    monkeypatch.setattr(store, "_admit", fail_on_second)
     errors = metrics.CACHE_WRITE_ERRORS._value.get()
     # one transaction for the three chunks, aborted: no exception, the fill is dropped
     await stage_and_store(cache, 2, 1, [(0, os.urandom(3 * CHUNK_SIZE))])
