@@ -58,7 +58,7 @@ class WorkerDevice:
         """The descriptor (-1 once closed)."""
         return self._fd
 
-    def reply(self, unique: int, data: bytes) -> None:
+    def reply(self, unique: int, data: bytes | memoryview) -> None:
         """Answer request ``unique`` with ``data``."""
         self._write(unique, [_OUT_HEADER.pack(_OUT_HEADER.size + len(data), 0, unique), data])
 
@@ -66,7 +66,7 @@ class WorkerDevice:
         """Answer request ``unique`` with an errno."""
         self._write(unique, [_OUT_HEADER.pack(_OUT_HEADER.size, -err, unique)])
 
-    def _write(self, unique: int, parts: list[bytes]) -> None:
+    def _write(self, unique: int, parts: list[bytes | memoryview]) -> None:
         if self._fd < 0:
             return  # the worker is gone, and the kernel ended its requests
         try:

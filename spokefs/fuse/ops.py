@@ -263,7 +263,8 @@ class SpokeOps(pyfuse3.Operations):
         return self._by_inode.stream_read(ino, fv, parent_id)
 
     @fuse_errors
-    async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
+    async def read(  # type: ignore[override]  # pyfuse3 takes any buffer (GetBuffer)
+            self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes | memoryview:
         # kernel opens: ``fh`` is the inode (our pyfuse3 passes it where the handle is 0)
         stream = self.handles[fh] if self._by_inode is None else self._by_inode.stream(fh)
         return await self._reader.read(stream, off, size)

@@ -286,7 +286,7 @@ class Workers:
         with contextlib.suppress(ChannelClosed):  # the worker died: its request ended too
             await channel.send(REPLY, (rid, err, value))
 
-    async def _read(self, file_id: int, offset: int, size: int) -> bytes:
+    async def _read(self, file_id: int, offset: int, size: int) -> bytes | memoryview:
         fh = pyfuse3.FileHandleT(self._ns.inode(file_id))
         return await self._ops.read(fh, offset, size)
 
@@ -296,7 +296,8 @@ class Workers:
                                         forwarded=True)
 
 
-async def _outcome(handler: Callable[..., Awaitable[bytes]], *args: Any) -> tuple[int, bytes]:
+async def _outcome(handler: Callable[..., Awaitable[bytes | memoryview]],
+                   *args: Any) -> tuple[int, bytes | memoryview]:
     """``(0, bytes)`` from one of the coordinator's handlers, or ``(errno, b"")`` of its
     error, as the kernel would be answered."""
     try:

@@ -134,9 +134,10 @@ class BlockSource:
         return found
 
     async def fill(self, fv: FileVersion, parent_id: int, offset: int, end: int,
-                   missing: list[int]) -> bytes:
+                   missing: list[int]) -> bytes | memoryview:
         """The bytes of ``[offset, end)``, whose blocks ``missing`` were not cached: fetch
-        (or wait for others' fetches of) them, stage them, answer."""
+        (or wait for others' fetches of) them, stage them, answer (from the answer itself
+        when one request of this fill brought them all: a view of it)."""
         small = fv.size <= self._small
         if small and self._packs is not None and protocol.packable(fv.size) and \
                 self.speculation_pays():
@@ -154,7 +155,12 @@ class BlockSource:
                           for b in chunk_blocks(ci, fv.blocks()))
             missing = sorted(wanted)
         while True:
-            await self._demand(fv, missing)
+            fetched = await self._demand(fv, missing)
+            if fetched is not None:  # its own answer holds the whole read: served from it,
+                first, data = fetched  # verified, without a second look or a copy
+                a, b = offset - first * BLOCK_SIZE, end - first * BLOCK_SIZE
+                if a >= 0 and b <= len(data):
+                    return memoryview(data)[a:b]
             found = await self.look(fv, offset, end, record=False)
             if found.data is not None:
                 return found.data
@@ -224,10 +230,11 @@ class BlockSource:
                 gone += nbytes
         self._wasted_bytes += gone
 
-    async def _demand(self, fv: FileVersion, missing: list[int]) -> None:
+    async def _demand(self, fv: FileVersion, missing: list[int]) -> tuple[int, bytes] | None:
         """Fetch the chunks of the missing blocks that nobody else is fetching and stage
         them; wait for the rest. Afterwards the blocks are in the cache unless a fetch failed
-        (raised) or the cache dropped them meanwhile (the caller looks again)."""
+        (raised) or the cache dropped them meanwhile (the caller looks again). Returns
+        ``(first block, data)`` of the fetch when it was one request, else None."""
         chunks = sorted({i // CHUNK_BLOCKS for i in missing})
         claimed, waits = self._claims.claim(fv, chunks)
         extra = self._claim_rest_of_grid(fv, chunks)
@@ -238,10 +245,12 @@ class BlockSource:
             mine = [i for i in missing if (fid, ver, i // CHUNK_BLOCKS) in claimed]
         claimed |= extra
         mine.extend(b for _, _, ci in extra for b in chunk_blocks(ci, fv.blocks()))
+        fetched = None
         try:
             runs = grid_runs(mine, self._hub.align_bytes // BLOCK_SIZE, fv.blocks())
             if len(runs) == 1:
-                await self._fetch_stage(fv, runs[0], claimed, ORIGIN_DEMAND)
+                data = await self._fetch_stage(fv, runs[0], claimed, ORIGIN_DEMAND)
+                fetched = runs[0].start, data
             elif runs:
                 with single_spoke_error():
                     async with trio.open_nursery() as nursery:
@@ -252,6 +261,7 @@ class BlockSource:
             self._claims.release(claimed)
         for event in waits:
             await event.wait()
+        return fetched
 
     async def _demand_pack(self, plan: protocol.PackPlan, fv: FileVersion) -> None:
         """Fetch ``fv`` (a member of ``plan``) through its pack, or wait for whoever fetches
@@ -336,7 +346,7 @@ class BlockSource:
             sizes: list[int] = []
 
             async def one(run: range) -> None:
-                sizes.append(await self._fetch_stage(fv, run, claimed, origin))
+                sizes.append(len(await self._fetch_stage(fv, run, claimed, origin)))
 
             with single_spoke_error():
                 async with trio.open_nursery() as nursery:
@@ -458,8 +468,8 @@ class BlockSource:
         return self._claims.claim(fv, extra)[0]
 
     async def _fetch_stage(self, fv: FileVersion, run: range, claimed: set[ChunkKey],
-                           origin: int) -> int:
-        """Fetch blocks ``run`` and stage those of them whose chunks are in ``claimed``;
+                           origin: int) -> bytes:
+        """Fetch blocks ``run`` and stage those of them whose chunks are in ``claimed``; the
         bytes fetched."""
         start = run.start * BLOCK_SIZE
         stop = min(run.stop * BLOCK_SIZE, fv.size)
@@ -482,7 +492,7 @@ class BlockSource:
             pieces.append(_stretch(view, run.start, lo, run.stop))
         if pieces:
             self._cache.stage(fid, ver, pieces, origin)
-        return len(data)
+        return data
 
     def _remember_prefetched(self, fv: FileVersion, chunks: list[int]) -> None:
         size = fv.size

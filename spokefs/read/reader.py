@@ -94,8 +94,9 @@ class Reader:
     def cache_statistics(self) -> CacheStats:
         return self._source.statistics()
 
-    async def read(self, stream: Stream, offset: int, size: int) -> bytes:
-        """Exactly ``size`` bytes from ``offset``, fewer only at end of file."""
+    async def read(self, stream: Stream, offset: int, size: int) -> bytes | memoryview:
+        """Exactly ``size`` bytes from ``offset``, fewer only at end of file (a view of a
+        hub answer when a miss's own request brought them: ``BlockSource.fill``)."""
         fv = stream.fv
         end = min(offset + size, fv.size)
         if offset >= end:
@@ -103,7 +104,7 @@ class Reader:
         self._noticed(stream, offset, size, end)
         started = time.monotonic()
         found = await self._source.look(fv, offset, end)
-        data = found.data
+        data: bytes | memoryview | None = found.data
         if data is None:
             if self._prefetcher is not None:
                 self._prefetcher.on_miss(stream)
@@ -149,7 +150,7 @@ class Reader:
 
     async def _fill_within_deadline(
         self, stream: Stream, offset: int, end: int, missing: list[int]
-    ) -> bytes:
+    ) -> bytes | memoryview:
         """``BlockSource.fill`` within the deadline; for the kernel's retry of a read that has just
         failed, a short one (see the module docstring, "Deadline")."""
         if self._deadline_s is None:

@@ -60,5 +60,5 @@ class StreamReader(Protocol):
     def on_readdir(self, dir_id: int) -> None:
         """A directory is being listed."""
 
-    async def read(self, stream: Stream, offset: int, size: int) -> bytes:
+    async def read(self, stream: Stream, offset: int, size: int) -> bytes | memoryview:
         """Exactly ``size`` bytes from ``offset``, fewer only at end of file."""

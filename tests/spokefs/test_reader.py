@@ -49,6 +49,25 @@ async def test_second_read_is_served_from_cache(tmp_path):
     assert len(hub.calls) == 1
 
 
+async def test_a_miss_is_answered_from_its_own_request_without_a_copy(tmp_path):
+    """A miss whose blocks one request of its own brought is answered from that answer (a
+    view of it, checked like every answer); after a partial hit or behind a tier's slice
+    the bytes are right too, and they are stored for the next read."""
+    mib = protocol.SLICE_DATA_BYTES
+    data = os.urandom(3 * mib + 5000)
+    hub, reader = make(tmp_path, {(3, 1): data})
+    stream = reader.open(FileVersion(3, 1, len(data)), 2)
+    got = await reader.read(stream, 70000, 200_000)
+    assert isinstance(got, memoryview) and got == data[70000:270000]
+    assert await reader.read(stream, 200_000, 300_000) == data[200_000:500_000]  # part held
+    hub.align_bytes = mib
+    got = await reader.read(stream, mib + 5, 100)  # a slice's worth comes; 100 bytes go
+    assert bytes(got) == data[mib + 5 : mib + 105]
+    calls = len(hub.calls)
+    assert await reader.read(stream, 0, len(data)) == data
+    assert len(hub.calls) == calls + 3  # the three slices not held whole yet
+
+
 async def test_random_reads_fetch_only_their_blocks(tmp_path):
     """Straight to the hub a random 4 KiB read moves one 4 KiB frame, no more."""
     data = os.urandom(BLOCK_SIZE * 1000)
