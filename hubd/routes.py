@@ -185,7 +185,7 @@ async def old_protocol(request: web.Request) -> web.StreamResponse:
                           f"asked for v1 ({request.path[:60]}): upgrade spokefs")
 
 
-async def _once(body: bytes) -> AsyncIterator[bytes]:
+async def _once(body: bytes | bytearray) -> AsyncIterator[bytes | bytearray]:
     yield body
 
 
@@ -201,7 +201,8 @@ _SEND_MIN_RATE = 256_000  # bytes per second
 
 
 async def _send(request: web.Request, resp: web.StreamResponse,
-                chunks: Iterable[bytes | memoryview] | AsyncIterator[bytes | memoryview],
+                chunks: Iterable[bytes | bytearray | memoryview]
+                | AsyncIterator[bytes | bytearray | memoryview],
                 total: int | None = None) -> None:
     """Prepare ``resp`` and write ``chunks`` (``total`` bytes); a vanished client just ends
     the response, and so does a file that changed after the first piece (the client, who
@@ -238,6 +239,7 @@ async def _send(request: web.Request, resp: web.StreamResponse,
         request.app[METRICS].bytes_served.labels(route=route_label(request)).inc(sent)
 
 
-async def _iterate(parts: list[bytes | memoryview]) -> AsyncIterator[bytes | memoryview]:
+async def _iterate(parts: list[bytes | bytearray | memoryview]
+                   ) -> AsyncIterator[bytes | bytearray | memoryview]:
     for part in parts:
         yield part
