@@ -52,9 +52,11 @@ from benchlib import (
     MIB,
     REPO,
     BenchError,
+    CpuMeter,
     Deadline,
     Figure,
     Goal,
+    Hub,
     LinkSeries,
     LinkSpec,
     append_jsonl,
@@ -198,12 +200,12 @@ def wait_quiet(link: Any, timeout_s: float) -> int:
     return last
 
 
-def one_pass(args: argparse.Namespace, work: Path, deadline: Deadline, hub_port: int,
+def one_pass(args: argparse.Namespace, work: Path, deadline: Deadline, hub: Hub,
              spec: LinkSpec, mode: str, src: Path, names: list[str],
              sums: dict[str, int]) -> dict[str, float]:
     with tempfile.TemporaryDirectory(dir=work, prefix=f"{mode}-") as tmp:
         t = Path(tmp)
-        with open_link(hub_port, spec) as link, \
+        with open_link(hub.port, spec) as link, \
                 spoke_mount(f"http://127.0.0.1:{link.port}", t / "mnt", t / "cache",
                             t / "spoke.log", deadline, cache_size=args.cache_size,
                             src=src) as m:
@@ -218,8 +220,12 @@ def one_pass(args: argparse.Namespace, work: Path, deadline: Deadline, hub_port:
             series = LinkSeries(link).start()  # the rate is read at the link, over the read
             before = series.rows[0][1]
             t0, started = time.time(), time.perf_counter()
+            # both sides' CPU over the read (issue 23: with every result); the spoke's
+            # with its --workers process
+            meter = CpuMeter({"spoke": m.pid, "hub": hub.proc.pid})
             nbytes, got = read_in_processes(groups)
             wall, t1 = time.perf_counter() - started, time.time()
+            cpu = meter.stop()["cpu_s"]
             if mode == "stop":
                 # the spoke's own view (for information only): its spill limit and measured
                 # bandwidth-delay product when the reader stopped, and after; the larger
@@ -242,7 +248,9 @@ def one_pass(args: argparse.Namespace, work: Path, deadline: Deadline, hub_port:
            # not graded: the second half of the read, once the start (a demand miss, then
            # the window's first round trips: 2-3 s at 900 ms) is behind it
            "second_half_link_ratio": series.rate(t0 + (t1 - t0) / 2, t1) / spec.cap_bytes_per_s,
-           "link_bytes_per_byte": down / nbytes}
+           "link_bytes_per_byte": down / nbytes,
+           "spoke_cpu_s_per_gb": cpu["spoke"] / (nbytes / 1e9),
+           "hub_cpu_s_per_gb": cpu["hub"] / (nbytes / 1e9)}
     if mode == "stop":
         # graded: the benchmark's own bound; the spoke's gauge + one request, for information
         bound = overshoot_bound(spec, args.shard_mib * MIB, args.shards)
@@ -301,7 +309,7 @@ def main() -> int:
                 spec = LinkSpec(rtt, args.rate_mbit)
                 for mode in modes:
                     for system, src in systems:
-                        out = one_pass(args, work, deadline, hub.port, spec, mode, src, names,
+                        out = one_pass(args, work, deadline, hub, spec, mode, src, names,
                                        sums)
                         for k, v in out.items():
                             figs.setdefault((system, rtt, mode, k), Figure()).add(v)
@@ -309,7 +317,8 @@ def main() -> int:
                               f"{out['link_mb_s']:.0f} MB/s ({out['link_ratio']:.2f} of cap; "
                               f"second half {out['second_half_link_ratio']:.2f}), "
                               f"reader {out['reader_mb_s']:.0f} MB/s, link bytes/byte "
-                              f"{out['link_bytes_per_byte']:.3f}"
+                              f"{out['link_bytes_per_byte']:.3f}, CPU-s/GB spoke "
+                              f"{out['spoke_cpu_s_per_gb']:.2f} hub {out['hub_cpu_s_per_gb']:.2f}"
                               + (f", overshoot {out['overshoot_bytes'] / MIB:.1f} MiB"
                                  if mode == "stop" else ""), flush=True)
     record["figures"] = {f"{s}/{r}/{m}/{k}": f.summary() for (s, r, m, k), f in figs.items()}
@@ -323,7 +332,8 @@ def main() -> int:
         for mode in modes:
             keys = [("link_ratio", "{:.2f}"), ("second_half_link_ratio", "{:.2f}"),
                     ("link_mb_s", "{:.0f}"), ("reader_mb_s", "{:.0f}"),
-                    ("link_bytes_per_byte", "{:.3f}")]
+                    ("link_bytes_per_byte", "{:.3f}"), ("spoke_cpu_s_per_gb", "{:.2f}"),
+                    ("hub_cpu_s_per_gb", "{:.2f}")]
             if mode == "stop":
                 keys = [("overshoot_bytes", "{:.0f}"), ("overshoot_bound_bytes", "{:.0f}"),
                         ("overshoot_of_bound", "{:.2f}"), ("gauge_bound_bytes", "{:.0f}"),
