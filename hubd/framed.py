@@ -5,13 +5,15 @@ slice at a time, and the deterministic packs of a directory.
   to answer. ``RangeReader.open_framed`` opens the file (confined, version-checked) and
   resolves the ``Range`` (``range_reader.resolve_range``) against ``protocol.framed_size``
   before any byte is sent, so a missing or changed file is a clean 404/412.
-  ``piece(i)`` then reads, checks and frames the i-th slice of the answer in one executor
-  hop: data read into its frames and one seeded xxh3 per 4 KiB frame
+  ``piece(i)`` then reads, checks and frames the i-th piece of the answer in one executor
+  hop (the first slice it touches, then up to ``_PIECE_SLICES`` slices at a time): data
+  read into its frames and one seeded xxh3 per 4 KiB frame
   (``protocol.read_frames``: one native call), an ``fstat`` after it (a write during the
   answer changes the version: the answer stops short, and the spoke, which knows the length
   it asked for, refuses it).
-  Any range of any size is answered this way, the whole file included, with at most one
-  slice (``protocol.SLICE_BYTES``) in memory per request.
+  Any range of any size is answered this way, the whole file included, with at most
+  ``_PIECE_SLICES`` slices (``protocol.SLICE_BYTES`` each) in memory per request, less than
+  a pack.
 - ``PackPlans``: ``protocol.plan_packs`` of a directory of the current snapshot, computed once
   per snapshot and directory (a few hundred kept), so a pack URL costs one dict lookup.
 """
@@ -28,6 +30,12 @@ from hubd.snapshot import Snapshot
 from spokefs import protocol
 
 _PLANS_KEPT = 512  # directories whose packs are kept per snapshot
+# Slices per piece after the first. The first piece is one slice, read before the answer's
+# head goes out (a changed file is a clean 412), so a reader waits for no more than that;
+# the rest go three at a time: each piece costs the event loop an executor hop and a write
+# (a 3.75 MiB request was four pieces). Three slices (3.2 MB) stay under a pack's bytes,
+# the bound on a read slot's memory (``hubd.config``).
+_PIECE_SLICES = 3
 _SHRANK = "the file shrank while being read"
 
 
@@ -46,7 +54,8 @@ class FramedBlob:
 
     Attributes:
         range: the framed bytes to send.
-        pieces: how many ``piece`` calls send them (one per slice touched).
+        pieces: how many ``piece`` calls send them (the first slice touched, then
+            ``_PIECE_SLICES`` slices each).
     """
 
     def __init__(self, fd: int, file_id: int, version: int, size: int,
@@ -58,21 +67,25 @@ class FramedBlob:
         self.range = rng
         self._first_slice = rng.start // protocol.SLICE_BYTES
         last_slice = (rng.stop - 1) // protocol.SLICE_BYTES if rng.stop > rng.start else -1
-        self.pieces = last_slice - self._first_slice + 1
+        self._last_slice = last_slice
+        slices = last_slice - self._first_slice + 1
+        self.pieces = 0 if slices <= 0 else 1 + -(-(slices - 1) // _PIECE_SLICES)
 
     def close(self) -> None:
         os.close(self._fd)
 
     def piece(self, i: int) -> bytes:
-        """The framed bytes of the answer in its ``i``-th slice (blocking: run in a thread).
+        """The framed bytes of the answer in its ``i``-th piece: its first slice, then
+        ``_PIECE_SLICES`` at a time (blocking: run in a thread).
 
         Raises:
             StaleVersion: the file changed or shrank since it was opened.
         """
-        s = self._first_slice + i
+        s = self._first_slice if i == 0 else self._first_slice + 1 + (i - 1) * _PIECE_SLICES
+        n = 1 if i == 0 else min(_PIECE_SLICES, self._last_slice - s + 1)
         first_frame = s * protocol.SLICE_FRAMES
         data_start = first_frame * protocol.FRAME_DATA_BYTES
-        data_stop = min(data_start + protocol.SLICE_DATA_BYTES, self._size)
+        data_stop = min(data_start + n * protocol.SLICE_DATA_BYTES, self._size)
         # the data read straight into its frames: one copy
         framed = protocol.read_frames(self._fd, data_start, data_stop - data_start,
                                       self._file_id, self._version, first_frame)

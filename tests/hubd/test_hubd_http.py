@@ -127,6 +127,21 @@ def test_a_range_longer_than_max_range_bytes_is_served(served: tuple[Hub, Tree, 
         assert answer.body == want[start:stop]
 
 
+def test_ranges_across_slices_are_their_framed_bytes(served: tuple[Hub, Tree, dict]) -> None:
+    """An answer goes out a slice, then three at a time (``hubd.framed``): ranges that start
+    and end anywhere around those edges are the right framed bytes (each frame's sum is
+    seeded with its index, so a piece read from the wrong place fails here)."""
+    hub, _, paths = served
+    big = paths[b"big.bin"]
+    want = framed(bytes(big.size), big.file_id, big.version)
+    s = protocol.SLICE_BYTES
+    for start, stop in [(0, 4 * s), (s - 5, 5 * s + 7), (s, 2 * s), (2 * s + 1, 4 * s - 1),
+                        (3 * s - 8, 7 * s + 3), (5, 5 * s), (4 * s, len(want))]:
+        answer = blob(hub, big, f"bytes={start}-{stop - 1}")
+        assert answer.status == 206, answer.status
+        assert answer.body == want[start:stop], (start, stop)
+
+
 def test_unsatisfiable_ranges(served: tuple[Hub, Tree, dict]) -> None:
     hub, _, paths = served
     data, empty = paths[b"sub/deeper/data.bin"], paths[b"empty"]
