@@ -18,8 +18,8 @@ reads), and over a long link each slot is held for about one round trip plus the
 send time (a 3.75 MiB body at 4.7 MB/s per connection through a 4 MiB window at 900 ms:
 ~1.7 s). 256 slots then carry ~590 MB/s (4.7 Gbit/s) for a fleet of tens of spokes at
 900 ms, far more on shorter links; more requests queue (FIFO) for ``read_wait_s``. Memory: a slot
-holds one pack (``protocol.PACK_MAX_BYTES``, 3.75 MiB) or one slice of a streamed blob (1 MiB),
-so 960 MiB at worst. Lower it on a small hub."""
+holds one pack (``protocol.PACK_MAX_BYTES``, 3.75 MiB) or up to three slices of a streamed blob
+(3 MiB of data, ``hubd.framed``), so 960 MiB at worst. Lower it on a small hub."""
 
 DEFAULT_READ_WAIT_S = 20.0
 """How long a request waits for a read slot before a 503 ``overloaded`` (with

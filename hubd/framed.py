@@ -1,5 +1,5 @@
 """Blob answers in the framed representation (docs/protocol.md, "Why a version 2"), streamed a
-slice at a time, and the deterministic packs of a directory.
+slice, then three slices, at a time, and the deterministic packs of a directory.
 
 - ``FramedBlob``: one open file version and the byte range of its framed representation
   to answer. ``RangeReader.open_framed`` opens the file (confined, version-checked) and
