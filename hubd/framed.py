@@ -100,14 +100,6 @@ class FramedBlob:
         return framed if (lo, hi) == (0, len(framed)) else framed[lo:hi]
 
 
-def pread_exact(fd: int, start: int, stop: int) -> bytes:
-    """Bytes ``[start, stop)`` of the file open on ``fd`` (StaleVersion if it shrank)."""
-    data = protocol.pread_all(fd, start, stop - start)
-    if data is None:
-        raise StaleVersion(_SHRANK)
-    return data
-
-
 class PackPlans:
     """The packs of directories of the current snapshot, computed on first use."""
 

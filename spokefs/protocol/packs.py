@@ -162,17 +162,15 @@ class PackDecoder:
     """Decodes a pack answer as it streams in: each file is complete as soon as its last
     byte has arrived, so a reader waiting for it need not wait for the rest of the pack.
 
-    Two ways to give it the answer. ``scan``: the answer is received in place into one
-    buffer, and the members are views of it (no copy: the spoke's hub client, whose staged
-    members keep the buffer alive until they are stored). ``feed``: pieces as they come,
-    the members copied out. ``finish`` checks that the answer was whole; all three raise
-    ``WireError`` on a malformed answer.
+    The answer is received in place into one buffer, and ``scan`` returns the members
+    completed so far as views of it (no copy: the spoke's hub client, whose staged members
+    keep the buffer alive until they are stored). ``finish`` checks that the answer was
+    whole; both raise ``WireError`` on a malformed answer.
     """
 
     def __init__(self, items: list[tuple[int, int]]) -> None:
         self._items = items
         self._next = 0  # index of the item whose record comes next
-        self._buf = bytearray()  # ``feed``'s bytes not decoded yet
         self._pos = 0  # ``scan``: where the next record starts in the answer's buffer
         self._record: tuple[int, int, int, int] | None = None  # header of the file under way
 
@@ -183,17 +181,6 @@ class PackDecoder:
         spans, self._pos = self._parse(view, self._pos, end)
         return [(key, None if span is None else (view[span[0] : span[1]], span[2]))
                 for key, span in spans]
-
-    def feed(self, piece: bytes) -> list[tuple[tuple[int, int], tuple[bytes, int] | None]]:
-        """The records completed by ``piece``, the next bytes of the answer (copies)."""
-        buf = self._buf
-        buf += piece
-        with memoryview(buf) as view:
-            spans, pos = self._parse(view, 0, len(buf))
-            done = [(key, None if span is None else (bytes(view[span[0] : span[1]]), span[2]))
-                    for key, span in spans]
-        del buf[:pos]  # what was decoded goes at the end, in one move: not a move per record
-        return done
 
     def _parse(self, view: memoryview, pos: int,
                end: int) -> tuple[list[tuple[tuple[int, int], Span | None]], int]:
@@ -224,10 +211,9 @@ class PackDecoder:
             self._next += 1
         return done, pos
 
-    def finish(self, end: int | None = None) -> None:
-        """Check that the answer was whole; ``end``: its length, when it was ``scan``ned."""
-        left = len(self._buf) if end is None else end - self._pos
-        if left and self._next >= len(self._items):
+    def finish(self, end: int) -> None:
+        """Check that the answer was whole; ``end``: its length."""
+        if end > self._pos and self._next >= len(self._items):
             raise WireError("data after the pack answer")
         if self._next < len(self._items):
             raise WireError("pack answer cut short")

@@ -31,12 +31,15 @@ def upsert(entry: protocol.Entry) -> bytes:
 
 def decode_pack(body: bytes, items: list[tuple[int, int]], piece: int = 1 << 16
                 ) -> dict[tuple[int, int], tuple[bytes, int] | None]:
-    """A whole pack answer, fed to ``protocol.PackDecoder`` in pieces as it streams in:
-    ``(file id, version) -> (bytes, xxh3_64)``, None for a member gone on the hub. Raises
-    ``protocol.WireError`` as the decoder does; checksums are the caller's to check."""
+    """A whole pack answer, scanned by ``protocol.PackDecoder`` in pieces as it lands (as
+    the spoke's hub client does): ``(file id, version) -> (bytes, xxh3_64)``, None for a
+    member gone on the hub. Raises ``protocol.WireError`` as the decoder does; checksums are
+    the caller's to check."""
     decoder = protocol.PackDecoder(items)
+    view = memoryview(body)
     out: dict[tuple[int, int], tuple[bytes, int] | None] = {}
-    for i in range(0, len(body), piece):
-        out.update(decoder.feed(body[i : i + piece]))
-    decoder.finish()
+    for end in [*range(piece, len(body), piece), len(body)]:
+        out.update((key, None if rec is None else (bytes(rec[0]), rec[1]))
+                   for key, rec in decoder.scan(view, end))
+    decoder.finish(len(body))
     return out
