@@ -440,10 +440,12 @@ class ChunkStore(ChunkReader):
             orders.append((ORDER_KEY.pack(PROTECTED, st.seq), key))
             st.protected_bytes += len(value) + tail
             st.protected_chunks += 1
-        with txn.cursor(db=head_db) as cur:
-            cur.putmulti(heads)
-        with txn.cursor(db=order_db) as cur:
-            cur.putmulti(orders)
+        if heads:  # most write transactions promote nothing: no cursors for them
+            with txn.cursor(db=head_db) as cur:
+                cur.putmulti(heads)
+            with txn.cursor(db=order_db) as cur:
+                cur.putmulti(orders)
+
 
 def chunk_pieces(
     file_id: int, version: int, runs: list[tuple[int, bytes | memoryview]]
