@@ -159,9 +159,13 @@ class ChunkReader:
         want = min(CHUNK_BLOCKS, fv.blocks() - ci * CHUNK_BLOCKS)
         if want <= 0:
             return True
-        raw = txn.get(KEY.pack(fv.file_id, fv.version, ci), db=self._head)
-        bitmap = None if raw is None else head_bitmap(raw)
+        bitmap = self._bitmap(txn, fv, ci)
         return bitmap is not None and (bitmap & ((1 << want) - 1)).bit_count() == want
+
+    def _bitmap(self, txn: lmdb.Transaction, fv: FileVersion, ci: int) -> int | None:
+        """Chunk ``ci``'s block bitmap from its header alone; None if absent or undecodable."""
+        raw = txn.get(KEY.pack(fv.file_id, fv.version, ci), db=self._head)
+        return None if raw is None else head_bitmap(raw)
 
     def cached_bytes(self, files: list[FileVersion]) -> int:
         """Bytes of these files held (headers only)."""
@@ -170,8 +174,7 @@ class ChunkReader:
             for f in files:
                 last_ci, last_slot = divmod(f.blocks() - 1, CHUNK_BLOCKS)
                 for ci in range(f.chunks()):
-                    raw = txn.get(KEY.pack(f.file_id, f.version, ci), db=self._head)
-                    bitmap = None if raw is None else head_bitmap(raw)
+                    bitmap = self._bitmap(txn, f, ci)
                     if bitmap is None:
                         continue
                     total += bitmap.bit_count() * BLOCK_SIZE
