@@ -154,7 +154,6 @@ def encode_pack_record(file_id: int, version: int, data: bytes | None, digest: i
     return PACK_RECORD.pack(file_id, version, len(data), digest) + data
 
 
-Span = tuple[int, int, int]  # a member's (start, stop, digest) in the answer's bytes
 Member = tuple[tuple[int, int], tuple[memoryview, int] | None]
 
 
@@ -178,14 +177,8 @@ class PackDecoder:
         """The records completed in ``view[:end]`` since the last scan (``view`` holds the
         answer from its first byte; the bytes before ``end`` must not change while the
         members returned, views of them, are in use)."""
-        spans, self._pos = self._parse(view, self._pos, end)
-        return [(key, None if span is None else (view[span[0] : span[1]], span[2]))
-                for key, span in spans]
-
-    def _parse(self, view: memoryview, pos: int,
-               end: int) -> tuple[list[tuple[tuple[int, int], Span | None]], int]:
-        """The records complete in ``view[pos:end]`` as spans, and where the next begins."""
-        done: list[tuple[tuple[int, int], Span | None]] = []
+        done: list[Member] = []
+        pos = self._pos
         while True:
             if self._record is None:
                 if end - pos < PACK_RECORD.size:
@@ -203,13 +196,14 @@ class PackDecoder:
             if length == PACK_GONE:
                 done.append(((rfid, rver), None))
             elif end - pos >= length:
-                done.append(((rfid, rver), (pos, pos + length, digest)))
+                done.append(((rfid, rver), (view[pos : pos + length], digest)))
                 pos += length
             else:
                 break
             self._record = None
             self._next += 1
-        return done, pos
+        self._pos = pos
+        return done
 
     def finish(self, end: int) -> None:
         """Check that the answer was whole; ``end``: its length."""
