@@ -138,11 +138,10 @@ def new_chunk_record_py(piece: bytes | memoryview, slot: int, origin: int, segme
     blocks = -(-n // BLOCK_SIZE)
     if n <= 0 or slot < 0 or slot + blocks > CHUNK_BLOCKS:
         raise ValueError("a piece that does not fit its chunk")
-    digest = xxhash.xxh3_64_intdigest
-    sums = [digest(piece[o : o + BLOCK_SIZE]) for o in range(0, n, BLOCK_SIZE)]
-    cut = n - tail_len(n, page_size)
-    head = ChunkHead(((1 << blocks) - 1) << slot, origin, segment, seq, tick, sums,
-                     bytes(piece[cut:]), digest(piece))
+    sums = [xxhash.xxh3_64_intdigest(piece[o : o + BLOCK_SIZE])
+            for o in range(0, n, BLOCK_SIZE)]
+    head = ChunkHead(((1 << blocks) - 1) << slot, origin, segment, seq, tick, sums, b"")
+    cut = head.take(piece, page_size)
     return head.encode(), cut
 
 
@@ -184,6 +183,15 @@ class ChunkHead:
         if bitmap >> CHUNK_BLOCKS or segment > PINNED or len(tail) > _OVERFLOW_PAGE_HEADER:
             raise BadHead("impossible header fields")
         return cls(bitmap, origin, segment, seq, tick, sums, tail, chunk_sum)
+
+    def take(self, body: bytes | memoryview, page_size: int) -> int:
+        """Make ``body`` (the present blocks' bytes, in slot order) this chunk's data: its
+        tail and chunk sum set from it. The length of the ``data`` value (the rest is the
+        tail)."""
+        cut = len(body) - tail_len(len(body), page_size)
+        self.tail = bytes(body[cut:])
+        self.chunk_sum = xxhash.xxh3_64_intdigest(body)
+        return cut
 
     def encode(self) -> bytes:
         head = _HEAD.pack(self.bitmap, self.origin, self.segment, self.seq, self.stored_tick,

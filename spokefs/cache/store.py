@@ -35,7 +35,6 @@ from spokefs.cache.layout import (
     new_chunk_record,
     promoted_head,
     split_blocks,
-    tail_len,
 )
 from spokefs.cache.policy import Plan
 from spokefs.config import BLOCK_SIZE, CHUNK_BLOCKS, CHUNK_SIZE
@@ -308,11 +307,9 @@ class ChunkStore(ChunkReader):
     ) -> None:
         """Write a chunk's data and header and count its bytes (its order record exists).
         The data goes from ``body`` into the map in one copy (LMDB's)."""
-        cut = len(body) - tail_len(len(body), self._page)
         head.bitmap = bitmap
         head.sums = sums
-        head.tail = bytes(body[cut:])
-        head.chunk_sum = xxhash.xxh3_64_intdigest(body)
+        cut = head.take(body, self._page)
         txn.put(key, body[:cut], db=self._data)
         txn.put(key, head.encode(), db=self._head)
         self._account(st, head, len(body))
