@@ -26,14 +26,15 @@ invocation, each workload's cache dir is filled once by a cold pass that checks 
 
 - ``local``: drop the page cache (``sync; echo 3 > /proc/sys/vm/drop_caches``), run the
   command over the source directory;
-- ``wN`` / ``wN-cpu0`` / ``wN-cpu01``: a fresh ``spokefs mount --workers N --open-mode
-  kernel`` on the filled cache dir (``taskset -c 0`` or ``-c 0,1`` in front of it for the
-  cpu variants: the worker inherits its affinity), wait until ``/metrics`` says
-  ``spokefs_workers`` == N (its threads serve), drop the page cache, run the command over the
-  mount, wait until the reads counted settle (the worker's last hits); then, untimed, drop
-  again and check the bytes of a sample through the mount (64 small files by 8 threads; the
-  first 8 MiB of every shard), unmount (``fusermount3 -u``, lazily if busy) and require a
-  clean exit 0;
+- ``wN`` / ``wN-cpu0`` / ``wN-cpu01`` / ``wN-qPCT``: a fresh ``spokefs mount --workers N
+  --open-mode kernel`` on the filled cache dir (``taskset -c 0`` or ``-c 0,1`` in front of
+  it for the cpu variants; for ``-qPCT`` it joins a cgroup whose CFS quota gives the spoke
+  PCT % of a core per worker, N x PCT in all: the worker inherits both), wait until
+  ``/metrics`` says ``spokefs_workers`` == N (its threads serve), drop the page cache, run
+  the command over the mount, wait until the reads counted settle (the worker's last hits);
+  then, untimed, drop again and check the bytes of a sample through the mount (64 small
+  files by 8 threads; the first 8 MiB of every shard), unmount (``fusermount3 -u``, lazily
+  if busy) and require a clean exit 0;
 - ``w2-split`` (small files only): as ``w2``, but the mount's own process (the coordinator)
   is stopped (``SIGSTOP``) while the readers run, so its worker answers every request; then
   ``SIGCONT``, and the coordinator takes the worker's queued hits until ``/metrics`` stops
@@ -56,19 +57,29 @@ flag, kernel, CPUs, argv, open mode).
 
     python benchmarks/bench_workers.py [--runs 3] [--files 6000] [--dirs 100] [--shards 8]
         [--shard-mib 256] [--configs local,w0,w1,w2,w8,w1-cpu0,w2-cpu0,w1-cpu01,w2-cpu01,
-        w2-split,native8,passthrough8] [--workloads small,seq]
+        w1-q45,w2-q45,w2-split,native8,passthrough8] [--workloads small,seq]
         [--work-dir /var/tmp/spokefs-workers] [--keep] [--max-seconds 3600] [--results FILE]
         [--smoke]
 
-Needs root (FUSE allow_other, drop_caches), fusermount3, taskset, the patched pyfuse3
-(``--open-mode kernel``), the native read loop, and for the C ceilings cc and libfuse3's
-headers. ``--smoke``: 200 files, 2 x 8 MiB, 1 run, configurations local, w0, w1, w2, w2-cpu0,
-w1-cpu01, w2-cpu01, w2-split (tests/benchmarks runs it, ~30 s).
+Needs root (FUSE allow_other, drop_caches), fusermount3, taskset, the cpu cgroup controller
+(v1 or v2, for ``-qPCT``), the patched pyfuse3 (``--open-mode kernel``), the native read
+loop, and for the C ceilings cc and libfuse3's headers. ``--smoke``: 200 files, 2 x 8 MiB, 1
+run, configurations local, w0, w1, w2, w2-cpu0, w1-cpu01, w2-cpu01, w1-q45, w2-q45, w2-split
+(tests/benchmarks runs it, ~30 s).
+
+**Why quotas beside taskset.** Issue 22 grades scaling "with the spoke the bottleneck". On
+2 CPUs, ``taskset`` cannot make it so: the 8 readers and the kernel's side of FUSE run on
+the same two CPUs, and the spoke held to both used ~1 core while the machine was busy (at
+ce869cf: w2-cpu01 / w1-cpu01 1.10, 0.99-1.11). A CFS quota of 0.45 of a core per worker
+holds the spoke below what it would take, leaves the readers the rest of the machine (1.55
+cores with w1, 1.1 with w2), and the spoke then uses its whole quota: the bottleneck is the
+spoke, and ``w2-q45 / w1-q45`` says whether a second worker's share turns into files/s.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import re
@@ -93,15 +104,17 @@ from data_sets import DataSet, ensure_dataset  # noqa: E402
 
 RESULTS = HERE / "results" / "workers.jsonl"
 MIB, GB = 1024 * 1024, 1e9
-ALL_CONFIGS = ("local,w0,w1,w2,w8,w1-cpu0,w2-cpu0,w1-cpu01,w2-cpu01,w2-split,native8,"
-               "passthrough8")
-SMOKE_CONFIGS = "local,w0,w1,w2,w2-cpu0,w1-cpu01,w2-cpu01,w2-split"
+ALL_CONFIGS = ("local,w0,w1,w2,w8,w1-cpu0,w2-cpu0,w1-cpu01,w2-cpu01,w1-q45,w2-q45,w2-split,"
+               "native8,passthrough8")
+SMOKE_CONFIGS = "local,w0,w1,w2,w2-cpu0,w1-cpu01,w2-cpu01,w1-q45,w2-q45,w2-split"
 SMALL_CMD = "find {root} -type f | xargs -P 8 -n 64 cat > /dev/null"
 SEQ_CMD = "find {root} -type f -name 'shard-*' | xargs -P 4 -n 1 cat > /dev/null"
 PACED_CMD = ("find {root} -type f | LC_ALL=C sort | "
              f"{sys.executable} {HERE / 'paced_read.py'} --rate {{rate}} --limit {{files}}")
 SAMPLE_FILES, SAMPLE_SHARD_BYTES = 64, 8 * MIB
-SCALE_LABELS = {"scale-any": "any CPU", "scale-cpu0": "CPU 0", "scale-cpu01": "CPUs 0,1"}
+SCALE_LABELS = {"scale-any": "any CPU", "scale-cpu0": "CPU 0", "scale-cpu01": "CPUs 0,1",
+                "scale-q45": "0.45 of a core per worker (CFS quota)"}
+CGROUP_PREFIX = "spokefs-bench-"
 SETTLE_S = 0.5  # after the workers are up: the remount's first namespace poll
 
 ISSUE = "issue 22: Every core of a training node: one mount served by several workers"
@@ -131,6 +144,9 @@ GOALS = (  # w8: what --workers auto gives this 2-core machine (4 threads per co
             "", 0),
     bl.Goal(G_SCALE, "seq/scale-cpu01",
             "seq: MB/s of w2-cpu01 / w1-cpu01, run by run", "", 0),
+    bl.Goal(G_SCALE, "small/scale-q45",
+            "small: files/s of w2-q45 / w1-q45 (the spoke given 0.45 of a core per worker, "
+            "the readers the rest), run by run", ">=", 1.7),
 )
 
 
@@ -145,6 +161,7 @@ class Config:
     workers: int | None
     cpus: str | None  # taskset's list ("0", "0,1") or None
     split: bool = False  # the coordinator stopped during the pass (see the docstring)
+    quota: float | None = None  # cores of CPU time the spoke's processes get (CFS quota)
     native: bool = False  # ceiling_native.c serving the files from memory ...
     passthrough: bool = False  # ... or from the source's disk (--passthrough)
 
@@ -157,11 +174,47 @@ class Config:
                     f"{self.workers} thread{'s' if self.workers > 1 else ''}")
         if self.split:
             return f"spoke w{self.workers} split"
+        if self.quota:
+            return f"spoke w{self.workers} quota {self.quota:.2f} core"
         return f"spoke w{self.workers}" + (f" cpu{self.cpus.replace(',', '')}"
                                            if self.cpus else "")
 
     def wrapper(self) -> list[str]:
+        if self.quota:  # the mount's process joins the group, then execs: its worker too
+            procs = quota_cgroup(self.key, self.quota) / "cgroup.procs"
+            return ["sh", "-c", 'echo $$ > "$0" && exec "$@"', str(procs)]
         return ["taskset", "-c", self.cpus] if self.cpus else []
+
+
+def quota_cgroup(key: str, cores: float) -> Path:
+    """A cgroup whose processes get ``cores`` of CPU time per 100 ms (cgroup v2's
+    ``cpu.max``, or v1's CFS quota): the spoke held to a share of the machine that is not a
+    whole core, so that it, not the readers beside it, is the bottleneck on 2 cores."""
+    period = 100_000
+    v2 = Path("/sys/fs/cgroup")
+    if (v2 / "cgroup.controllers").exists():
+        if "cpu" not in (v2 / "cgroup.subtree_control").read_text().split():
+            (v2 / "cgroup.subtree_control").write_text("+cpu")
+        group = v2 / f"{CGROUP_PREFIX}{key}"
+        group.mkdir(exist_ok=True)
+        (group / "cpu.max").write_text(f"{round(cores * period)} {period}")
+        return group
+    v1 = Path("/sys/fs/cgroup/cpu")
+    if not (v1 / "cpu.cfs_quota_us").exists():
+        raise bl.BenchError("quota configurations need the cpu cgroup controller")
+    group = v1 / f"{CGROUP_PREFIX}{key}"
+    group.mkdir(exist_ok=True)
+    (group / "cpu.cfs_period_us").write_text(str(period))
+    (group / "cpu.cfs_quota_us").write_text(str(round(cores * period)))
+    return group
+
+
+def remove_quota_cgroups() -> None:
+    """The groups ``quota_cgroup`` made (empty once their spokes exited)."""
+    for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpu")):
+        for group in root.glob(f"{CGROUP_PREFIX}*"):
+            with contextlib.suppress(OSError):
+                group.rmdir()
 
 
 def parse_configs(text: str) -> list[Config]:
@@ -178,10 +231,14 @@ def parse_configs(text: str) -> list[Config]:
             out.append(Config(key, int(m.group(2) or 1), None, native=True,
                               passthrough=m.group(1) == "passthrough"))
             continue
-        m = re.fullmatch(r"w(\d+)(?:-cpu(\d+))?", key)
+        m = re.fullmatch(r"w(\d+)(?:-cpu(\d+)|-q(\d+))?", key)
         if m is None:
             raise SystemExit(f"--configs: {key!r} is not local, wN, wN-cpuLIST (w2-cpu01), "
-                             "w2-split, nativeN or passthroughN")
+                             "wN-qPCT (w2-q45), w2-split, nativeN or passthroughN")
+        if m.group(3):  # PCT of a core per worker
+            workers = int(m.group(1))
+            out.append(Config(key, workers, None, quota=max(1, workers) * int(m.group(3)) / 100))
+            continue
         cpus = ",".join(m.group(2)) if m.group(2) else None
         if cpus and max(int(c) for c in cpus.split(",")) >= (os.cpu_count() or 1):
             raise SystemExit(f"--configs: {key!r}: this machine has {os.cpu_count()} CPUs")
@@ -335,6 +392,17 @@ def cpus_allowed(pid: int) -> str | None:
         return None
 
 
+def cpu_cgroup(pid: int) -> str | None:
+    """The cgroup whose CPU limits hold a process (v1's ``cpu`` hierarchy, else v2's)."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            groups = {c: path for _, cs, path in (line.rstrip("\n").split(":", 2) for line in f)
+                      for c in cs.split(",")}
+    except OSError:
+        return None
+    return groups.get("cpu", groups.get(""))
+
+
 def local_pass(wl: Workload, deadline: bl.Deadline) -> dict[str, Any]:
     bl.drop_caches()
     busy0 = bl.machine_ticks()
@@ -357,6 +425,7 @@ def spoke_pass(wl: Workload, cfg: Config, hub: bl.Hub, cache: Path, run_dir: Pat
         out["workers_wait_s"] = round(bl.wait_workers(m.metrics_url, cfg.workers, m.pid,
                                                    deadline), 2)
         out["cpus_allowed"] = {str(p): cpus_allowed(p) for p in bl.tree_pids(m.pid)}
+        out["cpu_cgroups"] = {str(p): cpu_cgroup(p) for p in bl.tree_pids(m.pid)}
         time.sleep(SETTLE_S)
         bl.drop_caches()
         pids0 = bl.tree_pids(m.pid)
@@ -593,7 +662,7 @@ def summarise(record: dict[str, Any], wls: list[Workload]) -> dict[str, dict[str
         for k, v in p["figures"].items():
             d.setdefault(k, bl.Figure()).add(v)
     for wl in wls:
-        for cpus in ("", "-cpu0", "-cpu01"):
+        for cpus in ("", "-cpu0", "-cpu01", "-q45"):
             fig = bl.Figure()
             for r in {p["run"] for p in record["passes"]}:
                 rate = "files_per_s" if wl.per_file else "mb_per_s"
@@ -700,6 +769,7 @@ def main() -> int:
             record["problems"].append(f"left mounted (now detached): {left}")
         if not args.keep:
             shutil.rmtree(run_dir, ignore_errors=True)
+        remove_quota_cgroups()
     record["seconds"] = round(time.monotonic() - started, 1)
     # what else ran: the busiest processes alive at the end (this run's spokes are gone)
     others = [t for t in bl.top_processes(ticks0, bl.all_ticks(), time.perf_counter() - wall0)

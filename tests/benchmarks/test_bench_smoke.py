@@ -191,7 +191,7 @@ def test_bench_workers_smoke(tmp_path: Path) -> None:
     passes = {(p["workload"], p["config"]): p for p in record["passes"]}
     assert set(passes) == {(w, c) for w in ("small", "seq")
                            for c in ("local", "w0", "w1", "w2", "w2-cpu0", "w1-cpu01",
-                                     "w2-cpu01")} | {("small", "w2-split")}
+                                     "w2-cpu01", "w1-q45", "w2-q45")} | {("small", "w2-split")}
     for (_workload, config), p in passes.items():
         assert p["wall_s"] > 0, p
         if config == "local":
@@ -206,14 +206,24 @@ def test_bench_workers_smoke(tmp_path: Path) -> None:
         want = {"-cpu0": "0", "-cpu01": "0-1"}.get(config[2:])
         if want is not None:
             assert set(p["cpus_allowed"].values()) == {want}, p
+        # and the quota's cgroup held both of its processes
+        groups = set(p["cpu_cgroups"].values())
+        if config.endswith("-q45"):
+            assert groups == {f"/spokefs-bench-{config}"}, p
+        else:
+            assert not any("spokefs-bench" in (g or "") for g in groups), p
     # with the coordinator stopped the worker answered every file; the coordinator then
     # counted every one of its hits
     split = passes[("small", "w2-split")]["split"]
     assert split["reads_accounted"] >= record["workloads"]["small"]["files"] and \
         split["worker_cpu_s"] > 0 and split["coordinator_ms_per_hit"] > 0, split
     assert all(f["wrong"] == [] and f["checked"] > 0 for f in record["fills"].values())
-    scale = next(g for g in record["grades"] if g["key"] == "small/scale-cpu01")
-    assert scale["verdict"] in ("PASS", "MISS"), scale
+    for key in ("small/scale-cpu01", "small/scale-q45"):
+        scale = next(g for g in record["grades"] if g["key"] == key)
+        assert scale["verdict"] in ("PASS", "MISS"), scale
+    # the groups are gone with their spokes
+    assert not list(Path("/sys/fs/cgroup").glob("spokefs-bench-*")) and \
+        not list(Path("/sys/fs/cgroup/cpu").glob("spokefs-bench-*"))
 
 
 @pytest.mark.fuse
