@@ -81,7 +81,8 @@ class AccessClock:
         protected_share: the protected segment's cap, as a share of its largest (see
             ``block_cache``): ARC-like, up for hits LRU would miss, down for the converse.
         protected_full: the protected segment is at its cap (set by the cache).
-        promote: keys of probation chunks re-used since the last write transaction.
+        promote: probation chunks re-used since promotions were last written, each with the
+            tick of its latest re-use (its protected stay begins there).
     """
 
     def __init__(self, max_bytes: int) -> None:
@@ -96,7 +97,7 @@ class AccessClock:
         self.interval = 0.0
         self.protected_share = 1.0
         self.protected_full = False
-        self.promote: set[bytes] = set()
+        self.promote: dict[bytes, int] = {}
         self._misses: dict[bytes, tuple[int, bool]] = {}
         self._older_misses: dict[bytes, tuple[int, bool]] = {}
 
@@ -183,9 +184,9 @@ class AccessClock:
             # into a full segment only what LRU would keep: swapping one long-loop chunk
             # for another gains nothing and costs the evicted one's next hit
             if not protected and (not self.protected_full or gap < self.cap_chunks):
-                self.promote.add(key)
+                self.promote[key] = self.tick
         elif gap < self.ghost_limit():  # came back soon after an earlier stay
-            self.promote.add(key)
+            self.promote[key] = self.tick
 
     def visit_missing(self, key: bytes, lo: int, hi: int) -> None:
         """A read touched slots ``lo..hi`` of a chunk that is not cached: remember it for
@@ -211,13 +212,16 @@ class AccessClock:
             found = self._older_misses.pop(key, None)
         return found
 
-    def start_batch(self) -> list[bytes]:
-        """Hand the pending promotions to a write transaction and age the miss records.
+    def start_batch(self) -> list[tuple[bytes, int]]:
+        """Hand the pending promotions (key, tick of its latest re-use), in the order of
+        those re-uses, to a write transaction, and age the miss records.
 
         A miss is kept for two batches, so a fill that takes a while (a hub round trip while
         other fills commit) still finds it.
         """
-        promote, self.promote = sorted(self.promote), set()  # sorted: reproducible runs
+        # sorted by tick, then key: the protected order follows the re-uses, reproducibly
+        promote = sorted(self.promote.items(), key=lambda kt: (kt[1], kt[0]))
+        self.promote = {}
         self._older_misses, self._misses = self._misses, {}
         return promote
 
@@ -273,7 +277,8 @@ class Plan:
             the segment must shrink (one cache-full: LRU would not have it either).
         protected_cap: bytes the protected segment may hold now.
         hand_budget: protected entries the clock hand may look at for dead chunks.
-        promote: probation chunks to move to the protected segment.
+        promote: probation chunks to move to the protected segment, each with the tick
+            of the re-use that earned it (its new stored tick).
         misses: chunk key -> (tick of the read that missed it, whether it is hot), for fills.
         is_visited, last_visit: the access clock's table (read from this thread).
         behind: for a file (by id) a job's running order has passed, the tick when that
@@ -287,7 +292,7 @@ class Plan:
     stale_after: int
     protected_cap: int
     hand_budget: int
-    promote: list[bytes]
+    promote: list[tuple[bytes, int]]
     misses: dict[bytes, tuple[int, bool]]
     is_visited: Callable[[bytes, int], bool]
     last_visit: Callable[[bytes], int]

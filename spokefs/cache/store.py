@@ -424,9 +424,9 @@ class ChunkStore(ChunkReader):
         heads: list[tuple[bytes, bytearray]] = []
         orders: list[tuple[bytes, bytes]] = []
         head_db, data_db, order_db = self._head, self._data, self.order_db
-        for key in plan.promote:
+        for key, tick in plan.promote:
             raw = txn.get(key, db=head_db)
-            moved = None if raw is None else promoted_head(raw, st.seq + 1, plan.tick)
+            moved = None if raw is None else promoted_head(raw, st.seq + 1, tick)
             value = None if moved is None else txn.get(key, db=data_db)
             if moved is None or value is None:
                 continue

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import random
@@ -16,6 +17,7 @@ import trio.lowlevel
 from spoke_fakes import FakeHub, poll_until
 
 from spokefs import metrics
+from spokefs.cache import block_cache
 from spokefs.cache.block_cache import (
     ORIGIN_DEMAND,
     ORIGIN_PREFETCH,
@@ -872,21 +874,60 @@ async def test_an_older_layout_is_dropped(tmp_path):
     cache.close()
 
 
-async def test_reads_promote_through_the_writer(tmp_path):
-    # a re-read chunk moves to the protected segment, written by the writer task, not the read
+def _segments(cache: BlockCache) -> collections.Counter[int]:
+    """Stored chunks per segment."""
+    with cache._store._env.begin() as txn:
+        heads = [ChunkHead.decode(v) for _, v in txn.cursor(db=cache._store._head)]
+    return collections.Counter(h.segment for h in heads)
+
+
+async def test_promotions_wait_in_memory_until_a_write_needs_them(tmp_path, monkeypatch):
+    """A re-read chunk moves to the protected segment, never written by the read: a warm
+    pass over data that fits writes nothing until a transaction that may evict (here a
+    fill), ``_PROMOTE_DEFER`` promotions, or the close."""
+    monkeypatch.setattr(block_cache, "_PROMOTE_DEFER", 150)
     cache = BlockCache(tmp_path, 64 << 20)
     data = os.urandom(300 * CHUNK_SIZE)
+
+    def read_all(chunks: range) -> None:
+        for ci in chunks:
+            got = cache.read(1, 1, ci * CHUNK_SIZE, (ci + 1) * CHUNK_SIZE)
+            assert got.data == data[ci * CHUNK_SIZE : (ci + 1) * CHUNK_SIZE]
+
     async with trio.open_nursery() as nursery:
         await nursery.start(cache.run)
         cache.stage(1, 1, [(0, data)])
         await cache.flush()
-        for _ in range(2):  # the second pass re-uses every chunk
-            for ci in range(300):
-                got = cache.read(1, 1, ci * CHUNK_SIZE, (ci + 1) * CHUNK_SIZE)
-                assert got.data == data[ci * CHUNK_SIZE : (ci + 1) * CHUNK_SIZE]
+        read_all(range(300))  # the first use: nothing to promote
+        read_all(range(100))  # re-used: pending, not written (a few keys may be forgotten:
+        first = len(cache._clock.promote)  # the clock's table is hashed)
+        assert first >= 90
+        await trio.sleep(0.2)
+        assert cache.statistics().protected_chunks == 0
+        # a fill carries them (the eviction it may do sees them)
+        await stage_and_store(cache, 2, 1, [(0, b"f" * 100)])
+        assert cache.statistics().protected_chunks == first and not cache._clock.promote
+        read_all(range(100, 300))  # more than 150: the writer writes them alone
         with trio.fail_after(10):
-            await poll_until(lambda: cache.statistics().protected_chunks >= 256, 0.01)
+            await poll_until(lambda: cache.statistics().protected_chunks >= first + 150, 0.01)
         nursery.cancel_scope.cancel()
+    written = cache.statistics().protected_chunks
+    pending = len(cache._clock.promote)
+    assert _segments(cache) == {PROTECTED: written, PROBATION: 301 - written}
+    cache.close()  # writes the pending ones
+    cache = BlockCache(tmp_path, 64 << 20)
+    assert cache.statistics().protected_chunks == written + pending
+    # each with the tick of its re-use
+    await stage_and_store(cache, 3, 1, [(0, data[:CHUNK_SIZE])])
+    cache.read(3, 1, 0, CHUNK_SIZE)
+    tick = cache.tick()
+    cache.read(3, 1, 0, CHUNK_SIZE)
+    assert cache._clock.promote == {KEY.pack(3, 1, 0): tick + 1}
+    cache.close()
+    cache = BlockCache(tmp_path, 64 << 20)
+    with cache._store._env.begin() as txn:
+        head = ChunkHead.decode(txn.get(KEY.pack(3, 1, 0), db=cache._store._head))
+    assert head.segment == PROTECTED and head.stored_tick == tick + 1
     cache.close()
 
 
