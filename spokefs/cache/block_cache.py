@@ -56,15 +56,16 @@ Hits never write: visits live in memory (32 bytes of RAM per 64 KiB of cache, at
 256 MiB), and so do promotions until something needs them written. A first warm pass over a
 dataset promotes every chunk it reads, and each promotion rewrites the header from its bytes
 (``layout.promoted_head``, ~12 us a chunk measured alone): two per small file, on a warm
-path that otherwise costs ~0.15 ms a file. Segments matter only to eviction, and every
-eviction happens in a write transaction that applies all pending promotions first (a fill,
-a pin, a drop: each takes them in its ``Plan``). So promotions wait in memory, each with the
-tick of the re-use that earned it (its stored tick once written, as if written then), and
-are written with the next such transaction, alone once ``_PROMOTE_DEFER`` are pending (a
-bound on the memory and on the transaction that carries them), and at ``close``. A cache
-that is not filling, which a warm epoch over data that fits is, never writes them until
-then. A ``kill -9`` loses them, as it loses the access clock's last minutes: a chunk
-re-used again is promoted again.
+path that otherwise costs ~0.15 ms a file. Segments matter only to eviction, and the
+policy evicts only in a fill's write transaction, which applies all pending promotions
+first (they come in its ``Plan``). So promotions wait in memory, each with the tick of the
+re-use that earned it (its stored tick once written, as if written then), and are written
+with the next fill, alone once ``_PROMOTE_DEFER`` are pending (a bound on the memory and on
+the transaction that carries them), and at ``close``. A cache that is not filling, which a
+warm epoch over data that fits is, never writes them until then. (A full map or disk's
+emergency eviction, ``make_room``, runs without them, as it did without the up to 255 that
+could wait before; it writes as little as it can.) A ``kill -9`` loses them, as it loses
+the access clock's last minutes: a chunk re-used again is promoted again.
 
 Measured on the real class (32 MiB cache, 5% window): epochs over 2x and 4x the cache keep
 0.43-0.47 and 0.19-0.22 hits (ideal 0.50, 0.25; LRU 0.12-0.20 and 0.02-0.04); a hot file read
