@@ -16,7 +16,11 @@ reads from disk. With ``--profile DIR`` each pass also runs ``py-spy record`` (n
 250 Hz, raw stacks) on the spoke and on hubd, writes the collapsed stacks to DIR and prints
 the functions with the most samples of their own and the modules with the most samples
 under them: the table "where each CPU-second goes". py-spy adds a few percent of CPU to the
-process it samples: profile passes are for shares, plain passes for the figures.
+process it samples: profile passes are for shares, plain passes for the figures. With
+``--perf DIR`` each pass runs ``perf record -g`` on the spoke's and hubd's threads, kernel
+included, to DIR/TAG.data (``perf report -i ... --sort pid,dso,sym``). Each pass also
+records the bytes the spoke handed to write calls per byte read (``wchar``): its cache's
+writes plus its FUSE replies, so ~2 means each byte was written once to each.
 
 With ``--baseline-src DIR`` the same passes run with the spoke and hubd of another checkout
 (e.g. ``git worktree add /tmp/base REV``), interleaved, on the same data.
@@ -28,7 +32,8 @@ TCP connection (1 MiB ``sendall``s), per GB. A hub that reads a directory and an
 TCP pays at least both, whatever its code.
 
     python benchmarks/bench_cold_cpu.py [--workloads shards,small] [--runs 3]
-        [--shards 8] [--shard-mib 128] [--files 6000] [--profile DIR] [--baseline-src DIR]
+        [--shards 8] [--shard-mib 128] [--files 6000] [--profile DIR] [--perf DIR]
+        [--baseline-src DIR]
 
 Appends one JSON line to benchmarks/results/cold_cpu.jsonl. Needs root (FUSE, drop_caches).
 ~1 min per pass of each workload on a 2-core VM (default sizes).
@@ -38,11 +43,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import multiprocessing as mp
 import os
 import random
 import re
-import resource
 import shutil
 import socket
 import subprocess
@@ -144,8 +149,9 @@ _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^():]+)(?::\d+)?\)$")
 
 
 def _thread_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_THREAD)
-    return r.ru_utime + r.ru_stime
+    # CLOCK_THREAD_CPUTIME_ID, to the nanosecond: getrusage's split of a thread's time into
+    # user and system is per tick, and read 0.0 for the smoke run's 16 MiB sends
+    return time.thread_time()
 
 
 def floors(paths: list[Path], slice_bytes: int | None) -> dict[str, float]:
@@ -206,6 +212,17 @@ def stop_profile(spy: subprocess.Popen[bytes]) -> None:
         spy.kill()
 
 
+def start_perf(pids: list[int], out: Path) -> subprocess.Popen[bytes]:
+    """``perf record -g`` of the given processes' threads, kernel included: where the CPU
+    goes below Python (copies, page faults, LMDB's writes), which py-spy does not show."""
+    perf = shutil.which("perf")
+    if perf is None:
+        raise bl.BenchError("--perf needs perf (apt-get install linux-perf)")
+    return subprocess.Popen([perf, "record", "-F", "999", "-g", "-o", str(out),
+                             "-p", ",".join(map(str, pids))],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def _where(frame: str) -> tuple[str, str]:
     """(function, module-ish path) of one py-spy frame."""
     m = _FRAME.match(frame)
@@ -246,6 +263,18 @@ def summarize(raw: Path, top: int = 20) -> dict[str, Any]:
 # -- passes -------------------------------------------------------------------------------
 
 
+def spoke_wchar(pid: int) -> int:
+    """Bytes the spoke and its workers have handed to write calls so far (``wchar`` in
+    /proc/PID/io): its cache's writes and its FUSE replies."""
+    total = 0
+    for p in bl.tree_pids(pid):
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(f"/proc/{p}/io").read_text().splitlines():
+                if line.startswith("wchar:"):
+                    total += int(line.split()[1])
+    return total
+
+
 def one_pass(args: argparse.Namespace, hub: bl.Hub, root: Path, paths: list[Path], readers: int,
              work: Path, src: Path, tag: str, deadline: bl.Deadline) -> dict[str, Any]:
     cache, mnt = work / f"cache-{tag}", work / f"mnt-{tag}"
@@ -264,15 +293,23 @@ def one_pass(args: argparse.Namespace, hub: bl.Hub, root: Path, paths: list[Path
             spies += [start_profile(pid, args.profile / f"{tag}-worker.txt")
                       for pid in bl.tree_pids(m.pid)[1:2]]  # --workers: its process
             time.sleep(1.0)  # py-spy attaches
+        if args.perf is not None:
+            args.perf.mkdir(parents=True, exist_ok=True)
+            spies.append(start_perf([*bl.tree_pids(m.pid), hub.proc.pid],
+                                    args.perf / f"{tag}.data"))
+            time.sleep(1.0)  # perf attaches
         meter = bl.CpuMeter({"spoke": m.pid, "hub": hub.proc.pid})
+        wrote0 = spoke_wchar(m.pid)
         nbytes = read_with(readers, rels)
         used = meter.stop()
+        wrote = spoke_wchar(m.pid) - wrote0
         for spy in spies:
             stop_profile(spy)
     out = {"bytes": nbytes, "wall_s": used["wall_s"], "gb_per_s": nbytes / GB / used["wall_s"],
            "spoke_cpu_s_per_gb": used["cpu_s"]["spoke"] / (nbytes / GB),
            "hub_cpu_s_per_gb": used["cpu_s"]["hub"] / (nbytes / GB),
-           "machine_busy_pct": used["machine_busy_pct"]}
+           "machine_busy_pct": used["machine_busy_pct"],
+           "spoke_written_per_byte": wrote / nbytes}
     if args.profile is not None:
         out["profile"] = {side: summarize(args.profile / f"{tag}-{side}.txt")
                           for side in ("spoke", "worker", "hub")
@@ -289,6 +326,8 @@ def main() -> int:
     p.add_argument("--files", type=int, default=6000)
     p.add_argument("--seed", type=int, default=20261203)
     p.add_argument("--profile", type=Path, help="py-spy stacks and summaries to this dir")
+    p.add_argument("--perf", type=Path,
+                   help="perf record of spoke and hub to DIR/TAG.data (read: perf report)")
     p.add_argument("--baseline-src", type=Path, help="another checkout, side by side")
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/spokefs-coldcpu"))
     p.add_argument("--max-seconds", type=float, default=3600.0)
@@ -330,12 +369,13 @@ def main() -> int:
                 record["passes"].append(got)
                 figs = figures.setdefault((workload, label), {
                     k: bl.Figure() for k in ("spoke_cpu_s_per_gb", "hub_cpu_s_per_gb",
-                                             "gb_per_s")})
+                                             "gb_per_s", "spoke_written_per_byte")})
                 for k, fig in figs.items():
                     fig.add(got[k])
                 print(f"{tag}: {got['bytes'] / GB:.2f} GB in {got['wall_s']:.1f} s, spoke "
                       f"{got['spoke_cpu_s_per_gb']:.2f} CPU-s/GB, hub "
-                      f"{got['hub_cpu_s_per_gb']:.2f}", flush=True)
+                      f"{got['hub_cpu_s_per_gb']:.2f}, spoke wrote "
+                      f"{got['spoke_written_per_byte']:.2f} B per B read", flush=True)
                 if "profile" in got:
                     for side, prof in got["profile"].items():
                         print(f"  {side}: {prof['samples']} samples; most of their own:")
@@ -345,8 +385,10 @@ def main() -> int:
                         for fn, share in prof["inclusive_by_file"][:12]:
                             print(f"    {share:6.1%}  {fn}")
     rows = [[w, s, f["spoke_cpu_s_per_gb"].text("{:.2f}"), f["hub_cpu_s_per_gb"].text("{:.2f}"),
-             f["gb_per_s"].text("{:.2f}")] for (w, s), f in figures.items() if s != "floors"]
-    print(bl.markdown_table(["workload", "system", "spoke CPU-s/GB", "hub CPU-s/GB", "GB/s"],
+             f["gb_per_s"].text("{:.2f}"), f["spoke_written_per_byte"].text("{:.2f}")]
+            for (w, s), f in figures.items() if s != "floors"]
+    print(bl.markdown_table(["workload", "system", "spoke CPU-s/GB", "hub CPU-s/GB", "GB/s",
+                             "spoke wrote per byte read"],
                             rows))
     rows = [[w, f["read_cpu_s_per_gb"].text("{:.2f}"), f["send_cpu_s_per_gb"].text("{:.2f}")]
             for (w, s), f in figures.items() if s == "floors"]

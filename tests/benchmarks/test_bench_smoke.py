@@ -165,6 +165,8 @@ def test_bench_cold_cpu_smoke(tmp_path: Path) -> None:
             assert p["read_cpu_s_per_gb"] > 0 and p["send_cpu_s_per_gb"] > 0, p
         else:
             assert p["spoke_cpu_s_per_gb"] > 0 and p["hub_cpu_s_per_gb"] > 0, p
+            # every byte read is written once to the cache and once to the kernel, no more
+            assert 1.0 < p["spoke_written_per_byte"] < 3.0, p
     assert {p["system"] for p in record["passes"]} == {"this", "floors"}
 
 
