@@ -9,7 +9,8 @@ want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 
 # gcc, libxxhash-dev, liblmdb-dev: the package's C parts (frame checks, the native read loop,
-# the snapshot loader's items, new chunks' header records; pyproject.toml lists them)
+# the snapshot loader's items, new chunks' header records, the hub's pack reads;
+# pyproject.toml lists them)
 debs=(fuse3 libfuse3-dev pkg-config gcc libxxhash-dev liblmdb-dev)
 python3 -c 'import venv, ensurepip' 2>/dev/null || debs+=(python3-venv python3-dev)
 # prometheus: the observability tests run a real Prometheus and its promtool;

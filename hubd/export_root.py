@@ -270,6 +270,36 @@ class ExportRoot:
             os.close(fd)
             raise
 
+    def open_dir(self, parts: list[bytes]) -> tuple[int, int, bytes]:
+        """Walk ``parts`` (a directory's, from ROOT) never following a symlink, and keep the
+        last one open (``O_PATH``: for ``*at`` calls only).
+
+        Returns:
+            ``(dir_fd, st_dev, mount)`` of the directory, ``mount`` as in
+            ``scan.file_id_of``; the caller closes ``dir_fd``.
+
+        Raises:
+            UnknownFile, StaleVersion, Forbidden, ReadFailed: as ``open_file``.
+        """
+        dir_fd = self._root_fd
+        dev, mount = self._root_dev, b""
+        try:
+            for depth, name in enumerate(parts, 1):
+                fd = os.open(name, _WALK_DIR_FLAGS, dir_fd=dir_fd)
+                if dir_fd != self._root_fd:
+                    os.close(dir_fd)
+                dir_fd = fd
+                st = os.fstat(dir_fd)
+                if st.st_dev != dev:  # a mount point below ROOT
+                    dev, mount = st.st_dev, b"/".join(parts[:depth])
+            if dir_fd == self._root_fd:
+                dir_fd = os.dup(dir_fd)
+            return dir_fd, dev, mount
+        except OSError as exc:
+            if dir_fd != self._root_fd:
+                os.close(dir_fd)
+            raise open_error(exc) from None
+
     def _open_confined(self, parts: list[bytes]) -> tuple[int, int, bytes]:
         """Walk ``parts`` from ROOT's fd, never following a symlink; open the leaf.
 
@@ -294,13 +324,13 @@ class ExportRoot:
                 raise StaleVersion("the file was replaced by another kind of entry")
             return os.open(parts[-1], _FILE_FLAGS, dir_fd=dir_fd), dev, mount
         except OSError as exc:
-            raise _open_error(exc) from None
+            raise open_error(exc) from None
         finally:
             for fd in opened:
                 os.close(fd)
 
 
-def _open_error(exc: OSError) -> Exception:
+def open_error(exc: OSError) -> Exception:
     """Map an errno from the confined walk to the HTTP-level error."""
     if exc.errno == errno.ENOENT:
         return UnknownFile("the file is gone from disk")

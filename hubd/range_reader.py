@@ -21,17 +21,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import re
 import stat
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
 import xxhash
 
+from hubd import members as members_io
 from hubd.errors import (
     BadPack,
     BadRange,
@@ -41,10 +43,11 @@ from hubd.errors import (
     StaleVersion,
     UnknownFile,
 )
-from hubd.export_root import ExportRoot, version_of
+from hubd.export_root import ExportRoot, open_error
 from hubd.framed import FramedBlob, FramedRange, PackPlans
 from hubd.log_rate import LogEveryPerKey, since_last
 from hubd.read_slots import ReadSlots
+from hubd.scan import file_id_from, version_from
 from hubd.snapshot import Snapshot
 from spokefs import protocol
 
@@ -270,50 +273,85 @@ class RangeReader:
         straight into its place in the answer after its record header: one buffer, no
         copy of a member's bytes and no joining (``Pack.of`` from separate bytes cost two
         copies of every byte and a fresh 4 MiB answer's page faults: bench_cold_cpu.py).
-        A member gone or changed on disk since the snapshot is ``PACK_GONE``."""
+        Members of one directory in a row (all of a pack's) are read in one call
+        (``hubd.members``) from their directory, opened once. A member gone or changed on
+        disk since the snapshot is ``PACK_GONE``."""
         record = protocol.PACK_RECORD
         body = bytearray(sum(record.size + max(size, 0) for _, _, size in members))
         pos = served = gone = file_bytes = 0
-        for file_id, version, size in members:
-            if size >= 0 and self._member_into(snap, file_id, version, body, pos + record.size,
-                                               size):
-                record.pack_into(body, pos, file_id, version, size,
-                                 _digest_at(body, pos + record.size, size))
-                pos += record.size + size
-                served += 1
-                file_bytes += size
+        for parent_id, run in _runs_by_directory(snap, members):
+            names = [name for name, _ in run]
+            sizes = [size for _, (_, _, size) in run]
+            results: list[members_io.Read | int]
+            parts = snap.path_parts(parent_id) if parent_id is not None else None
+            try:
+                if parts is None:
+                    raise UnknownFile("not a file of the snapshot")
+                dir_fd, dev, mount = self._export.open_dir(parts)
+            except (UnknownFile, StaleVersion):
+                results = [members_io.NOT_LISTED] * len(run)
             else:
+                try:
+                    results = members_io.read_members(dir_fd, names, sizes, body, pos,
+                                                       record.size)
+                finally:
+                    os.close(dir_fd)
+            for (name, (file_id, version, size)), got in zip(run, results, strict=True):
+                if isinstance(got, int):
+                    _raise_unless_gone(got)
+                elif _is_version(got, file_id, version, mount if got.dev == dev else
+                                 b"/".join([*(parts or ()), name])):
+                    record.pack_into(body, pos, file_id, version, size, got.digest)
+                    pos += record.size + size
+                    served += 1
+                    file_bytes += size
+                    continue
+                else:  # read whole, but not that version now: its bytes leave the answer
+                    del body[pos + record.size : pos + record.size + size]
                 record.pack_into(body, pos, file_id, version, protocol.PACK_GONE, 0)
                 pos += record.size
                 gone += 1
         del body[pos:]  # members gone: their bytes were never sent
         return Pack(body, served, gone, file_bytes)
 
-    def _member_into(self, snap: Snapshot, file_id: int, version: int, body: bytearray,
-                     at: int, size: int) -> bool:
-        """Read the file whole into ``body[at:at + size]``; False if it is gone from disk or
-        is not that version of ``size`` bytes there now."""
-        try:
-            fd, disk_size = self._export.open_file(snap, file_id, version)
-        except (UnknownFile, StaleVersion):
-            return False
-        try:
-            if disk_size != size:
-                return False
-            with memoryview(body) as view:
-                got = 0
-                while got < size:
-                    n = os.preadv(fd, [view[at + got : at + size]], got)
-                    if n == 0:
-                        return False  # shrank while being read
-                    got += n
-            # again: a write during the read changes mtime, so the version (the same fd:
-            # the same inode, so the same id)
-            return version_of(os.fstat(fd)) == version
-        finally:
-            os.close(fd)
+
+def _runs_by_directory(snap: Snapshot, members: Sequence[tuple[int, int, int]]) -> Iterator[
+        tuple[int | None, list[tuple[bytes, tuple[int, int, int]]]]]:
+    """The members in order, cut into runs of one directory: ``(parent id, [(name,
+    member)])``; a member not a regular file of the snapshot gets size -1 (gone) in a run
+    of its parent's, or of None."""
+    run: list[tuple[bytes, tuple[int, int, int]]] = []
+    parent: int | None = None
+    for file_id, version, size in members:
+        entry = snap.lookup(file_id) if size >= 0 else None
+        if entry is None or not stat.S_ISREG(entry.mode):
+            here, name, size = parent, b"", -1  # joins the current run: nothing is opened
+        else:
+            here, name = entry.parent_id, entry.name
+        if run and here != parent:
+            yield parent, run
+            run = []
+        parent = here
+        run.append((name, (file_id, version, size)))
+    if run:
+        yield parent, run
 
 
-def _digest_at(body: bytearray, at: int, size: int) -> int:
-    with memoryview(body) as view:
-        return xxhash.xxh3_64_intdigest(view[at : at + size])
+def _is_version(got: members_io.Read, file_id: int, version: int, mount: bytes) -> bool:
+    """Whether a member read whole is ``file_id`` at ``version``, before and after the read
+    (a write during it changes the mtime: the same inode, so the same id)."""
+    return (file_id_from(got.ino, mount) == file_id
+            and version_from(got.size, got.mtime_ns, got.ino) == version
+            and version_from(got.size_after, got.mtime_ns_after, got.ino_after) == version)
+
+
+_GONE = frozenset({errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.EISDIR, errno.ENXIO,
+                   members_io.NOT_REGULAR, members_io.SIZE_DIFFERS, members_io.SHRANK,
+                   members_io.NOT_LISTED})
+
+
+def _raise_unless_gone(code: int) -> None:
+    """A member not read: gone (its record says so), or an error for the whole pack, as
+    ``ExportRoot.open_file`` maps it (EACCES: 403; any other: 503)."""
+    if code not in _GONE:
+        raise open_error(OSError(code, os.strerror(code)))

@@ -72,7 +72,12 @@ def file_id_of(st: os.stat_result, mount: bytes = b"") -> int:
         mount: where the inode's filesystem is mounted, relative to ROOT (``b""``: ROOT's
             own filesystem); see the module docstring.
     """
-    h = xxhash.xxh64_intdigest(_INO.pack(st.st_ino) + mount) & _ID_MASK
+    return file_id_from(st.st_ino, mount)
+
+
+def file_id_from(ino: int, mount: bytes = b"") -> int:
+    """``file_id_of`` from the inode number alone (``hubd.members`` returns no stat_result)."""
+    h = xxhash.xxh64_intdigest(_INO.pack(ino) + mount) & _ID_MASK
     return h if h >= protocol.MIN_FILE_ID else h + protocol.MIN_FILE_ID
 
 
@@ -83,7 +88,12 @@ def _mtime_ns(st: os.stat_result) -> int:
 
 def version_of(st: os.stat_result) -> int:
     """The content version of the inode behind ``st``."""
-    return xxhash.xxh64_intdigest(_VERSION.pack(st.st_size, _mtime_ns(st), st.st_ino))
+    return version_from(st.st_size, _mtime_ns(st), st.st_ino)
+
+
+def version_from(size: int, mtime_ns: int, ino: int) -> int:
+    """``version_of`` from its three fields (``mtime_ns`` already clamped to int64)."""
+    return xxhash.xxh64_intdigest(_VERSION.pack(size, mtime_ns, ino))
 
 
 # A subdirectory to walk: (name, id, st_dev, mount), ``mount`` as in ``file_id_of``.
