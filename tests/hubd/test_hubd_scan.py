@@ -6,6 +6,7 @@ import errno
 import logging
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,10 @@ def test_ids_survive_rename_and_restart_versions_follow_content(
         tree: Tree, caplog: pytest.LogCaptureFixture) -> None:
     export, first = _scan(tree, caplog)
     before = paths_of(list(first.entries))[b"plain.txt"]
+    # A restarted hub numbers its generation from the newest mtime (in ms) it finds; file
+    # times come from the kernel's coarse clock (a tick: up to 4 ms), so a change in the
+    # tick of the tree's last write could number it lower (one run in ~20 did): a later tick
+    time.sleep(0.01)
     os.rename(tree.root / "plain.txt", tree.root / "sub" / "moved.txt")
     with open(tree.root / "sub" / "moved.txt", "ab") as f:
         f.write(b"more")
