@@ -23,7 +23,9 @@ records the bytes the spoke handed to write calls per byte read (``wchar``): its
 writes plus its FUSE replies, so ~2 means each byte was written once to each.
 
 With ``--baseline-src DIR`` the same passes run with the spoke and hubd of another checkout
-(e.g. ``git worktree add /tmp/base REV``), interleaved, on the same data.
+(e.g. ``git worktree add /tmp/base REV``), interleaved, on the same data, the order of the two
+alternating by run: whichever went first after the floors paid ~0.3-0.9 CPU-s per GB more
+on the spoke's side for small files, whatever its code (2026-12-07: three runs each way).
 
 Each run also measures two floors of this machine, for the workload's bytes (``floors``): the
 CPU a process spends reading the files cold from disk (page cache dropped; ``pread`` of each
@@ -359,7 +361,9 @@ def main() -> int:
                 figures.setdefault((workload, "floors"), {}).setdefault(k, bl.Figure()).add(v)
             print(f"{workload}-floors-{run}: reading cold {floor['read_cpu_s_per_gb']:.2f} "
                   f"CPU-s/GB, sending on loopback {floor['send_cpu_s_per_gb']:.2f}", flush=True)
-            for name, src in systems:
+            # the first system of a run is measured in another state of the machine than
+            # the second (the floors just read the files): the order alternates by run
+            for name, src in systems if run % 2 == 0 else systems[::-1]:
                 label = name or "this"
                 with bl.run_hub(root, work / f"hubd-{label}.log", deadline, src=src) as hub:
                     tag = f"{workload}-{label}-{run}"
