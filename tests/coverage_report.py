@@ -39,6 +39,7 @@ DATA_PATH = [
     "spokefs/protocol/*.py",
     "hubd/framed.py",
     "hubd/range_reader.py",
+    "hubd/members.py",
     "hubd/s3/reader.py",
     "hubd/routes.py",
 ]
