@@ -64,7 +64,7 @@ _OPEN_FAILURE_LINES = LogEveryPerKey()
 _WALK_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK|O_NOCTTY: if a fifo or tty is swapped in after the lstat check, open must not
 # block forever or grab a terminal; fstat then rejects it.
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
+FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 
 
 # A generation is (milliseconds << _GEN_HASH_BITS) | hash bits, kept under 2**63 (signed
@@ -281,6 +281,40 @@ class ExportRoot:
         Raises:
             UnknownFile, StaleVersion, Forbidden, ReadFailed: as ``open_file``.
         """
+        try:
+            dir_fd, dev, mount = self._walk(parts)
+            return (os.dup(dir_fd) if dir_fd == self._root_fd else dir_fd), dev, mount
+        except OSError as exc:
+            raise open_error(exc) from None
+
+    def _open_confined(self, parts: list[bytes]) -> tuple[int, int, bytes]:
+        """Walk ``parts`` from ROOT's fd, never following a symlink; open the leaf.
+
+        Returns:
+            ``(fd, st_dev, mount)`` with ``st_dev`` and ``mount`` (``scan.file_id_of``) of
+            the leaf's directory.
+        """
+        try:
+            dir_fd, dev, mount = self._walk(parts[:-1])
+        except OSError as exc:
+            raise open_error(exc) from None
+        try:
+            # lstat first, so a device node swapped in is not even opened (O_NOFOLLOW
+            # and fstat still cover the race between this check and the open).
+            st = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):
+                raise StaleVersion("the file was replaced by another kind of entry")
+            return os.open(parts[-1], FILE_FLAGS, dir_fd=dir_fd), dev, mount
+        except OSError as exc:
+            raise open_error(exc) from None
+        finally:
+            if dir_fd != self._root_fd:
+                os.close(dir_fd)
+
+    def _walk(self, parts: list[bytes]) -> tuple[int, int, bytes]:
+        """The directory ``parts`` leads to from ROOT, each step opened ``O_PATH`` without
+        following a symlink: ``(dir_fd, st_dev, mount)``, ``dir_fd`` ROOT's own fd (not to
+        be closed) when ``parts`` is empty. Raises the walk's OSError, its fds closed."""
         dir_fd = self._root_fd
         dev, mount = self._root_dev, b""
         try:
@@ -292,42 +326,11 @@ class ExportRoot:
                 st = os.fstat(dir_fd)
                 if st.st_dev != dev:  # a mount point below ROOT
                     dev, mount = st.st_dev, b"/".join(parts[:depth])
-            if dir_fd == self._root_fd:
-                dir_fd = os.dup(dir_fd)
-            return dir_fd, dev, mount
-        except OSError as exc:
+        except OSError:
             if dir_fd != self._root_fd:
                 os.close(dir_fd)
-            raise open_error(exc) from None
-
-    def _open_confined(self, parts: list[bytes]) -> tuple[int, int, bytes]:
-        """Walk ``parts`` from ROOT's fd, never following a symlink; open the leaf.
-
-        Returns:
-            ``(fd, st_dev, mount)`` with ``st_dev`` and ``mount`` (``scan.file_id_of``) of
-            the leaf's directory.
-        """
-        dir_fd = self._root_fd
-        dev, mount = self._root_dev, b""
-        opened: list[int] = []
-        try:
-            for depth, name in enumerate(parts[:-1], 1):
-                dir_fd = os.open(name, _WALK_DIR_FLAGS, dir_fd=dir_fd)
-                opened.append(dir_fd)
-                st = os.fstat(dir_fd)
-                if st.st_dev != dev:  # a mount point below ROOT
-                    dev, mount = st.st_dev, b"/".join(parts[:depth])
-            # lstat first, so a device node swapped in is not even opened (O_NOFOLLOW
-            # and fstat still cover the race between this check and the open).
-            st = os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
-            if not stat.S_ISREG(st.st_mode):
-                raise StaleVersion("the file was replaced by another kind of entry")
-            return os.open(parts[-1], _FILE_FLAGS, dir_fd=dir_fd), dev, mount
-        except OSError as exc:
-            raise open_error(exc) from None
-        finally:
-            for fd in opened:
-                os.close(fd)
+            raise
+        return dir_fd, dev, mount
 
 
 def open_error(exc: OSError) -> Exception:

@@ -28,6 +28,9 @@ from typing import NamedTuple
 
 import xxhash
 
+from hubd.export_root import FILE_FLAGS
+from hubd.scan import clamp_ns
+
 try:  # C, optional: see the module docstring
     import hubd.members_c as members_c
 
@@ -39,8 +42,6 @@ NOT_REGULAR = -1
 SIZE_DIFFERS = -2
 SHRANK = -3
 NOT_LISTED = -4
-_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
-_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 
 
 class Read(NamedTuple):
@@ -60,15 +61,15 @@ def read_members(dir_fd: int, names: list[bytes], sizes: list[int], body: bytear
                  pos: int, record_size: int, *, native: bool | None = None) -> list[Read | int]:
     """Each member of ``names`` (in ``dir_fd``) read into ``body`` from ``pos`` on, after
     room for its record header (see the module docstring); ``native``: C or Python
-    (None: C where it is built)."""
+    (None: C where it is built, which checks its arguments itself, as below)."""
+    if NATIVE if native is None else native:
+        return [r if isinstance(r, int) else Read(*r)
+                for r in members_c.read_members(dir_fd, names, sizes, body, pos, record_size)]
     if len(names) != len(sizes):
         raise ValueError("names and sizes differ in length")
     if pos < 0 or record_size < 0 or \
             pos + sum(record_size + max(s, 0) for s in sizes) > len(body):
         raise ValueError("the body is too small for the members")
-    if NATIVE if native is None else native:
-        return [r if isinstance(r, int) else Read(*r)
-                for r in members_c.read_members(dir_fd, names, sizes, body, pos, record_size)]
     out: list[Read | int] = []
     with memoryview(body) as view:
         for name, size in zip(names, sizes, strict=True):
@@ -90,7 +91,7 @@ def _read_one(dir_fd: int, name: bytes, size: int, into: memoryview) -> Read | i
     if not stat.S_ISREG(st.st_mode):
         return NOT_REGULAR
     try:
-        fd = os.open(name, _FLAGS, dir_fd=dir_fd)
+        fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
         return exc.errno or errno.EIO
     try:
@@ -108,10 +109,6 @@ def _read_one(dir_fd: int, name: bytes, size: int, into: memoryview) -> Read | i
         after = os.fstat(fd)
     finally:
         os.close(fd)
-    return Read(before.st_dev, before.st_ino, before.st_size, _clamp(before.st_mtime_ns),
-                after.st_ino, after.st_size, _clamp(after.st_mtime_ns),
+    return Read(before.st_dev, before.st_ino, before.st_size, clamp_ns(before.st_mtime_ns),
+                after.st_ino, after.st_size, clamp_ns(after.st_mtime_ns),
                 xxhash.xxh3_64_intdigest(into[:size]))
-
-
-def _clamp(ns: int) -> int:
-    return min(max(ns, _I64_MIN), _I64_MAX)

@@ -82,8 +82,12 @@ def file_id_from(ino: int, mount: bytes = b"") -> int:
 
 
 def _mtime_ns(st: os.stat_result) -> int:
-    # Clamped: a timestamp past year 2262 does not fit the wire's int64 nanoseconds.
-    return min(max(st.st_mtime_ns, _I64_MIN), _I64_MAX)
+    return clamp_ns(st.st_mtime_ns)
+
+
+def clamp_ns(ns: int) -> int:
+    """A time in nanoseconds as the wire's int64 holds it (past year 2262: its largest)."""
+    return min(max(ns, _I64_MIN), _I64_MAX)
 
 
 def version_of(st: os.stat_result) -> int:
