@@ -41,6 +41,7 @@ from typing import NoReturn
 
 from hubd.config import DEFAULT_CONCURRENT_READS, DEFAULT_READ_WAIT_S, HubConfig
 from hubd.errors import StartupError
+from hubd.heap import keep_freed_buffers
 from hubd.s3.config import AWS_DEFAULT_REGION, BucketSpec, S3Config, aws_endpoint
 from hubd.s3.credentials import CredentialsError, find_credentials
 from spokefs import protocol
@@ -287,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _setup_logging(args.log_level)  # first: reading the token may warn
         cfg = config_from_args(args)
+        keep_freed_buffers()
         return asyncio.run(serve(cfg))
     except StartupError as exc:
         print(f"hubd: error: {exc}", file=sys.stderr)

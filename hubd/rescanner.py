@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import ctypes.util
 import logging
 import threading
 from typing import TYPE_CHECKING
 
 from hubd.export_root import ScanCancelled
+from hubd.heap import release_free_memory
 from hubd.metrics import HubMetrics
 from hubd.s3.errors import S3Error
 
@@ -94,24 +93,3 @@ class Rescanner:
         self._metrics.observe_rescan(self._export.last_rescan)
         del snap
         release_free_memory()
-
-
-def _load_malloc_trim() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-
-
-_MALLOC_TRIM = _load_malloc_trim()
-
-
-def release_free_memory() -> None:
-    """Give the heap memory freed by a rescan back to the OS (glibc only).
-
-    A scan allocates its table in a worker thread's malloc arena; once the previous
-    snapshot is dropped, glibc keeps most of that freed memory mapped (~100 MB per
-    generation for 1M entries, measured) unless asked to trim. Cost: milliseconds.
-    """
-    if _MALLOC_TRIM is not None:
-        _MALLOC_TRIM(0)
