@@ -74,9 +74,10 @@ class FramedBlob:
     def close(self) -> None:
         os.close(self._fd)
 
-    def piece(self, i: int) -> bytes:
+    def piece(self, i: int) -> bytes | memoryview:
         """The framed bytes of the answer in its ``i``-th piece: its first slice, then
-        ``_PIECE_SLICES`` at a time (blocking: run in a thread).
+        ``_PIECE_SLICES`` at a time (blocking: run in a thread); a view where the answer
+        starts or ends inside it (not copied again).
 
         Raises:
             StaleVersion: the file changed or shrank since it was opened.
@@ -97,7 +98,7 @@ class FramedBlob:
         base = s * protocol.SLICE_BYTES
         lo = max(self.range.start - base, 0)
         hi = min(self.range.stop - base, len(framed))
-        return framed if (lo, hi) == (0, len(framed)) else framed[lo:hi]
+        return framed if (lo, hi) == (0, len(framed)) else memoryview(framed)[lo:hi]
 
 
 class PackPlans:

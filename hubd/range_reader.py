@@ -213,7 +213,7 @@ class RangeReader:
         assert snap is not None  # the app only serves after the first scan
         return await self._in_thread(self._open_framed_sync, snap, file_id, version, spec)
 
-    async def read_piece(self, blob: FramedBlob, index: int) -> bytes:
+    async def read_piece(self, blob: FramedBlob, index: int) -> bytes | memoryview:
         """Piece ``index`` of an open framed answer (``StaleVersion`` if the file changed)."""
         return await self._in_thread(blob.piece, index)
 

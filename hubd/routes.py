@@ -119,7 +119,7 @@ async def blob(request: web.Request) -> web.StreamResponse:
             resp = web.StreamResponse(status=206 if rng.partial else 200, headers=headers)
             resp.content_length = rng.stop - rng.start
 
-            async def pieces() -> AsyncIterator[bytes]:
+            async def pieces() -> AsyncIterator[bytes | memoryview]:
                 yield first
                 for i in range(1, framed.pieces):
                     yield await reader.read_piece(framed, i)

@@ -199,7 +199,8 @@ class BucketExport:
         return data
 
     async def read_streamed(self, snap: Snapshot, file_id: int, version: int, start: int,
-                            stop: int, chunk: int, deliver: Callable[[bytes], None]) -> None:
+                            stop: int, chunk: int,
+                            deliver: Callable[[list[memoryview]], None]) -> None:
         """Bytes ``[start, stop)`` as ``read``, handed to ``deliver`` in pieces of ``chunk``
         bytes as they arrive (``S3Client.get_streamed``).
 

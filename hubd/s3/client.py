@@ -283,11 +283,14 @@ class S3Client:
         return b"".join(t.result() for t in tasks)
 
     async def get_streamed(self, bucket: str, key: str, etag: str, start: int, stop: int,
-                           chunk: int, deliver: Callable[[bytes], None]) -> None:
+                           chunk: int, deliver: Callable[[list[memoryview]], None]) -> None:
         """Bytes ``[start, stop)`` of the object at version ``etag``, handed to ``deliver``
         in consecutive pieces cut at the multiples of ``chunk`` (object offsets: the first
         and the last piece may be shorter), each as soon as it has arrived: one GET,
         resumed after the last piece delivered if it breaks.
+
+        A piece is the list of views of the received buffers that hold its bytes, in order:
+        never joined here (``protocol.encode_frames`` frames such a list as one).
 
         Raises:
             as ``get``; the pieces delivered before the error are good.
@@ -295,18 +298,20 @@ class S3Client:
         what = f"GET s3://{bucket}/{key} bytes {start}-{stop - 1}"
         pos = start
 
-        def advance(data: bytes) -> None:
+        def advance(piece: list[memoryview]) -> None:
             nonlocal pos
-            pos += len(data)
-            self.stats.get_bytes += len(data)
-            deliver(data)
+            size = sum(len(view) for view in piece)
+            pos += size
+            self.stats.get_bytes += size
+            deliver(piece)
 
         if stop > start:
             await self._retrying(lambda: self._stream_attempt(
                 bucket, key, etag, pos, stop, chunk, advance, what), what)
 
     async def _stream_attempt(self, bucket: str, key: str, etag: str, start: int, stop: int,
-                              chunk: int, deliver: Callable[[bytes], None], what: str) -> None:
+                              chunk: int, deliver: Callable[[list[memoryview]], None],
+                              what: str) -> None:
         assert self._session is not None
         url = self.url(bucket, key)
         headers = {"Range": f"bytes={start}-{stop - 1}", "If-Match": etag}
@@ -322,19 +327,30 @@ class S3Client:
                 answer_etag = resp.headers.get("ETag", "")
                 if answer_etag and answer_etag != etag:
                     raise ObjectChanged(f"{what}: ETag {answer_etag}, not {etag}", resp.status)
-                skip = start if resp.status == 200 else 0  # the server ignored Range
-                if resp.content_length is not None and resp.content_length < stop - start + skip:
+                pos = 0 if resp.status == 200 else start  # 200: the server ignored Range
+                if resp.content_length is not None and resp.content_length < stop - pos:
                     raise BadS3Answer(f"{what}: {resp.content_length} bytes announced, not "
                                       f"{stop - start}", resp.status)
                 self._note_reachable()
-                while skip:
-                    skip -= len(await resp.content.readexactly(min(skip, chunk)))
-                pos = start
+                piece: list[memoryview] = []
+                edge = min((start // chunk + 1) * chunk, stop)  # where the piece ends
                 while pos < stop:
-                    data = await resp.content.readexactly(min((pos // chunk + 1) * chunk,
-                                                              stop) - pos)
-                    pos += len(data)
-                    deliver(data)
+                    received = await resp.content.readany()  # as it arrived: no copy
+                    if not received:
+                        raise asyncio.IncompleteReadError(b"", stop - pos)
+                    view = memoryview(received)
+                    if pos < start:  # before the range (a 200)
+                        view = view[start - pos:]
+                        pos = min(pos + len(received), start)
+                    while view and pos < stop:
+                        take = view[:edge - pos]
+                        piece.append(take)
+                        pos += len(take)
+                        view = view[len(take):]
+                        if pos == edge:
+                            deliver(piece)
+                            piece = []
+                            edge = min(edge + chunk, stop)
         except (aiohttp.ClientError, asyncio.IncompleteReadError, TimeoutError) as exc:
             detail = str(exc) or type(exc).__name__
             raise S3Unavailable(f"{what}: {detail}") from None

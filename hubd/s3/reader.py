@@ -79,7 +79,8 @@ class BucketBlob:
         self._data_stop = min((last_frame + 1) * protocol.FRAME_DATA_BYTES,
                               size) if self.pieces else self._data_start
         self._gets: dict[int, asyncio.Task[None]] = {}  # GET number -> its task
-        self._slices: dict[int, asyncio.Future[bytes]] = {}  # piece -> its file bytes
+        # piece -> its file bytes, as the views of the buffers they arrived in
+        self._slices: dict[int, asyncio.Future[list[memoryview]]] = {}
 
     def close(self) -> None:
         """Cancel the GETs still running (the answer ended early); the error of one that
@@ -106,7 +107,7 @@ class BucketBlob:
         pending = [self._slices.setdefault(i, loop.create_future())
                    for i in range(n * _GET_SLICES, min((n + 1) * _GET_SLICES, self.pieces))]
 
-        def deliver(data: bytes) -> None:
+        def deliver(data: list[memoryview]) -> None:
             waiter = pending.pop(0)
             if not waiter.done():  # not cancelled by close()
                 waiter.set_result(data)
@@ -124,8 +125,9 @@ class BucketBlob:
 
         self._gets[n] = asyncio.ensure_future(fetch())
 
-    async def piece(self, i: int) -> bytes:
-        """The framed bytes of the answer in its ``i``-th slice.
+    async def piece(self, i: int) -> bytes | memoryview:
+        """The framed bytes of the answer in its ``i``-th slice (a view where the answer
+        starts or ends inside it: not copied again).
 
         Raises:
             StaleVersion, UnknownFile, Forbidden, ReadFailed: as ``BucketExport.read``.
@@ -134,14 +136,14 @@ class BucketBlob:
         self._get(n)
         if (n + 1) * _GET_SLICES < self.pieces:
             self._get(n + 1)  # the next GET runs while this one's slices are sent
-        data = await self._slices.pop(i)  # its bytes are freed once framed
+        data = await self._slices.pop(i)  # the received buffers are freed once framed
         s = self._first_slice + i
         frame = max(s * protocol.SLICE_DATA_BYTES, self._data_start) // protocol.FRAME_DATA_BYTES
         framed = protocol.encode_frames(data, self._file_id, self._version, frame)
         base = frame * protocol.FRAME_BYTES
         lo = max(self.range.start - base, 0)
         hi = min(self.range.stop - base, len(framed))
-        return framed if (lo, hi) == (0, len(framed)) else framed[lo:hi]
+        return framed if (lo, hi) == (0, len(framed)) else memoryview(framed)[lo:hi]
 
 
 class BucketReader:
@@ -185,7 +187,7 @@ class BucketReader:
         rng = resolve_range(spec, protocol.framed_size(entry.size))
         return BucketBlob(self._export, snap, file_id, version, entry.size, rng)
 
-    async def read_piece(self, blob: BucketBlob, index: int) -> bytes:
+    async def read_piece(self, blob: BucketBlob, index: int) -> bytes | memoryview:
         """Piece ``index`` of an open framed answer."""
         return await blob.piece(index)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import xxhash
 
@@ -33,6 +33,7 @@ FRAME_BYTES = FRAME_DATA_BYTES + FRAME_SUM.size
 SLICE_FRAMES = 256
 SLICE_BYTES = SLICE_FRAMES * FRAME_BYTES  # 1,050,624: a tier's cache slice (nginx `slice`)
 SLICE_DATA_BYTES = SLICE_FRAMES * FRAME_DATA_BYTES  # 1 MiB of file data per slice
+Buffer = bytes | bytearray | memoryview
 
 
 def framed_size(size: int) -> int:
@@ -133,12 +134,20 @@ def pread_all(fd: int, offset: int, size: int) -> bytes | None:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def encode_frames(data: bytes | memoryview, file_id: int, version: int, first_frame: int) -> bytes:
+def encode_frames(data: Buffer | Sequence[Buffer], file_id: int, version: int,
+                  first_frame: int) -> bytes:
     """``data``, file bytes that start at frame ``first_frame`` of a file version, in the
-    framed representation: each 4 KiB frame followed by its seeded xxh3."""
+    framed representation: each 4 KiB frame followed by its seeded xxh3. ``data`` may be a
+    list or tuple of buffers whose bytes follow each other (a body as it arrived): they are
+    framed as one, without being joined first."""
     if NATIVE:
         return frames_c.frame(data, file_id & U64_MAX, version & U64_MAX,
                               first_frame & U64_MAX)
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        if not isinstance(data, (list, tuple)):
+            raise TypeError(f"encode_frames takes a buffer or a list of buffers, not "
+                            f"{type(data).__name__}")
+        data = b"".join(data)
     parts: list[bytes | memoryview] = []
     view = memoryview(data)
     for k, pos in enumerate(range(0, len(view), FRAME_DATA_BYTES)):

@@ -9,6 +9,8 @@
  *   unframe(body, file_id, version, first_frame) -> (data, -1) | (None, bad frame index)
  *       ValueError: a frame with no data byte (the body was cut inside a sum).
  *   frame(data, file_id, version, first_frame) -> framed bytes
+ *       ``data``: a buffer, or a list or tuple of buffers whose bytes follow each other (a
+ *       body as it arrived, not joined first).
  *   frame_file(fd, offset, size, file_id, version, first_frame) -> framed bytes | None
  *       ``size`` bytes of the file at ``offset`` read (preadv) straight into their frames:
  *       one copy, no bytes object of the data. None: the file ended first. OSError.
@@ -95,31 +97,90 @@ static PyObject *unframe(PyObject *self, PyObject *args)
     return result;
 }
 
+/* The buffers of ``data``: itself, or each item of a list or tuple of buffers (their bytes
+ * in a row), so a body received in pieces is framed without joining them first. */
+static Py_buffer *get_parts(PyObject *data, Py_ssize_t *count, Py_buffer *one)
+{
+    if (PyObject_CheckBuffer(data)) {
+        if (PyObject_GetBuffer(data, one, PyBUF_SIMPLE) < 0)
+            return NULL;
+        *count = 1;
+        return one;
+    }
+    if (!PyList_Check(data) && !PyTuple_Check(data)) {
+        PyErr_Format(PyExc_TypeError, "frame() takes a buffer or a list of buffers, not %.80s",
+                     Py_TYPE(data)->tp_name);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(data);
+    Py_buffer *views = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(Py_buffer));
+    if (views == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(data, i), &views[i], PyBUF_SIMPLE) < 0) {
+            while (i-- > 0)
+                PyBuffer_Release(&views[i]);
+            PyMem_Free(views);
+            return NULL;
+        }
+    }
+    *count = n;
+    return views;
+}
+
+static void release_parts(Py_buffer *views, Py_ssize_t count, Py_buffer *one)
+{
+    for (Py_ssize_t i = 0; i < count; i++)
+        PyBuffer_Release(&views[i]);
+    if (views != one)
+        PyMem_Free(views);
+}
+
 static PyObject *frame(PyObject *self, PyObject *args)
 {
-    Py_buffer data;
+    PyObject *data;
     unsigned long long file_id, version, first;
-    if (!PyArg_ParseTuple(args, "y*KKK", &data, &file_id, &version, &first))
+    if (!PyArg_ParseTuple(args, "OKKK", &data, &file_id, &version, &first))
         return NULL;
-    Py_ssize_t n = data.len;
+    Py_buffer one;
+    Py_ssize_t count = 0;
+    Py_buffer *parts = get_parts(data, &count, &one);
+    if (parts == NULL)
+        return NULL;
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < count; i++)
+        n += parts[i].len;
     Py_ssize_t frames = (n + DATA_BYTES - 1) / DATA_BYTES;
     PyObject *out = PyBytes_FromStringAndSize(NULL, n + frames * SUM_BYTES);
     if (out == NULL) {
-        PyBuffer_Release(&data);
+        release_parts(parts, count, &one);
         return NULL;
     }
-    const unsigned char *src = data.buf;
     unsigned char *dst = (unsigned char *)PyBytes_AS_STRING(out);
     Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t part = 0, at = 0;  /* the next byte to copy: parts[part].buf + at */
     for (Py_ssize_t k = 0; k < frames; k++) {
         Py_ssize_t len = k == frames - 1 ? n - k * DATA_BYTES : DATA_BYTES;
         unsigned char *to = dst + k * FRAME_BYTES;
-        memcpy(to, src + k * DATA_BYTES, (size_t)len);
+        for (Py_ssize_t done = 0; done < len;) {  /* a frame may span parts */
+            while (at == parts[part].len) {
+                part++;
+                at = 0;
+            }
+            Py_ssize_t take = parts[part].len - at;
+            if (take > len - done)
+                take = len - done;
+            memcpy(to + done, (const unsigned char *)parts[part].buf + at, (size_t)take);
+            done += take;
+            at += take;
+        }
         store_le64(to + len, sf_xxh3_seeded(to, (size_t)len,
-                                                  seed_of(file_id, version, first + k)));
+                                            seed_of(file_id, version, first + k)));
     }
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&data);
+    release_parts(parts, count, &one);
     return out;
 }
 
@@ -198,7 +259,8 @@ static PyMethodDef methods[] = {
     {"unframe", unframe, METH_VARARGS,
      "unframe(body, file_id, version, first_frame) -> (data, -1) or (None, bad frame)"},
     {"frame", frame, METH_VARARGS,
-     "frame(data, file_id, version, first_frame) -> the framed representation"},
+     "frame(data, file_id, version, first_frame) -> the framed representation; data: a "
+     "buffer, or a list of buffers in a row"},
     {"frame_file", frame_file, METH_VARARGS,
      "frame_file(fd, offset, size, file_id, version, first_frame) -> framed bytes, or None "
      "if the file ended first"},

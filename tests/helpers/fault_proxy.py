@@ -7,7 +7,9 @@ SigV4 still verifies upstream) except the first ``fail_first`` ones, answered wi
 With ``cut_gets``, the first ``cut_gets`` ranged GETs answered 206 are cut: their headers
 (the full ``Content-Length`` included) and ``cut_after`` bytes of the body are sent, then
 the connection is dropped, as a broken connection mid-body does. ``ranges`` lists the
-``Range`` header of every ranged GET received.
+``Range`` header of every ranged GET received. With ``whole_object``, a ranged GET answered
+206 is answered 200 with those bytes (the whole object, which the test gives) instead, as a
+server that ignores ``Range`` does.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ class FaultProxy:
 
     def __init__(self, upstream: str, fail_first: int = 0, fail_status: int = 503,
                  deny_query: str | None = None, cut_gets: int = 0,
-                 cut_after: int = 0) -> None:
+                 cut_after: int = 0, whole_object: bytes | None = None) -> None:
         self.upstream = upstream
+        self.whole_object = whole_object
         self.cut_gets = cut_gets
         self.cut_after = cut_after
         self.ranges: list[str] = []
@@ -89,6 +92,9 @@ class FaultProxy:
             if resp.status == 206 and self.cut_gets > 0:
                 self.cut_gets -= 1
                 return await self._cut(request, resp.status, out, data)
+            if resp.status == 206 and self.whole_object is not None:
+                out.pop("Content-Range", None)
+                return web.Response(status=200, body=self.whole_object, headers=out)
             return web.Response(status=resp.status, body=data, headers=out)
 
     async def _cut(self, request: web.Request, status: int, headers: dict[str, str],

@@ -82,6 +82,31 @@ def test_native_and_python_agree(length, ids, monkeypatch) -> None:
     assert frames.unframe(python_framed, *ids) == native_data == data
 
 
+def test_a_body_in_pieces_is_framed_as_the_pieces_joined(way) -> None:
+    """``encode_frames`` takes the pieces a body arrived in (a list or tuple of buffers, cut
+    anywhere, empty ones included) and frames them as one, without joining them first."""
+    rng = random.Random(3)
+    for length in (0, 1, 4096, 3 * 4096 + 1234, (1 << 20) + 17):
+        data = rng.randbytes(length)
+        want = frames.encode_frames(data, 9, 2, 40)
+        for _ in range(20):
+            cuts = sorted(rng.sample(range(1, length), max(0, min(length - 1, rng.randint(0, 9)))))
+            pieces: list[bytes | memoryview] = [
+                data[a:b] for a, b in zip([0, *cuts], [*cuts, length], strict=True)]
+            pieces.insert(rng.randint(0, len(pieces)), b"")
+            if rng.random() < 0.5:
+                pieces = [memoryview(p) for p in pieces]
+            assert frames.encode_frames(pieces, 9, 2, 40) == want
+            assert frames.encode_frames(tuple(pieces), 9, 2, 40) == want
+
+
+def test_pieces_that_are_not_buffers_are_refused(way) -> None:
+    with pytest.raises(TypeError):
+        frames.encode_frames([b"data", 3], 1, 1, 0)  # type: ignore[list-item]
+    with pytest.raises(TypeError):
+        frames.encode_frames(5, 1, 1, 0)  # type: ignore[arg-type]
+
+
 def test_a_damaged_frame_names_its_index(way) -> None:
     data = os.urandom(10 * FRAME_DATA_BYTES + 100)
     framed = bytearray(frames.encode_frames(data, 9, 2, 40))

@@ -240,7 +240,7 @@ def test_streamed_get_resumes_after_a_broken_body(seaweed: SeaweedServer,
                 S3Client(S3Config(proxy.endpoint), CREDS) as client:
             [obj] = await list_all(client, bucket)
             await client.get_streamed(bucket, "cut.bin", obj.etag, 100, len(data), mib,
-                                      pieces.append)
+                                      lambda views: pieces.append(b"".join(views)))
             return pieces, proxy.ranges, client.stats.retries
 
     pieces, ranges, retries = asyncio.run(main())
@@ -248,6 +248,28 @@ def test_streamed_get_resumes_after_a_broken_body(seaweed: SeaweedServer,
     assert [len(p) for p in pieces] == [mib - 100] + [mib] * 4 + [77]
     assert ranges == [f"bytes=100-{len(data) - 1}", f"bytes={2 * mib}-{len(data) - 1}"]
     assert retries == 1
+
+
+def test_streamed_get_from_a_server_that_ignores_range(seaweed: SeaweedServer,
+                                                       bucket: str) -> None:
+    """A 200 with the whole object for a ranged GET: the bytes before the range are
+    skipped and those after it never delivered; the pieces are cut as from a 206."""
+    mib = 1024 * 1024
+    data = random.Random(13).randbytes(3 * mib + 500)
+    seaweed.writer().put_object(Bucket=bucket, Key="whole.bin", Body=data)
+
+    async def main() -> list[bytes]:
+        pieces: list[bytes] = []
+        async with FaultProxy(seaweed.endpoint, whole_object=data) as proxy, \
+                S3Client(S3Config(proxy.endpoint), CREDS) as client:
+            [obj] = await list_all(client, bucket)
+            await client.get_streamed(bucket, "whole.bin", obj.etag, mib + 7, 3 * mib + 100,
+                                      mib, lambda views: pieces.append(b"".join(views)))
+        return pieces
+
+    pieces = asyncio.run(main())
+    assert b"".join(pieces) == data[mib + 7 : 3 * mib + 100]
+    assert [len(p) for p in pieces] == [mib - 7, mib, 100]
 
 
 def test_streamed_get_of_a_replaced_object_is_never_mixed(seaweed: SeaweedServer,
@@ -265,8 +287,8 @@ def test_streamed_get_of_a_replaced_object_is_never_mixed(seaweed: SeaweedServer
                 S3Client(S3Config(proxy.endpoint), CREDS) as client:
             [obj] = await list_all(client, bucket)
 
-            def deliver(piece: bytes) -> None:
-                pieces.append(piece)
+            def deliver(views: list[memoryview]) -> None:
+                pieces.append(b"".join(views))
                 if len(pieces) == 1:  # before the retry: a new version of the object
                     writer.put_object(Bucket=bucket, Key="swap.bin", Body=b"n" * (3 * mib))
 
