@@ -34,7 +34,7 @@ class S3Config:
             part, so this bounds parallel GETs (and SlowDown risk) per hub.
         part_bytes: a range longer than this is fetched as parallel parts of this size.
             8 MiB: AWS's guidance for parallel ranged GETs is 8-16 MiB per part. The bucket
-            reader asks for at most 4 MiB at a time (``reader._GET_SLICES`` slices), so
+            reader asks for at most 5 MiB at a time (``reader._GET_SLICES`` slices), so
             only longer direct ``S3Client.get`` calls are split.
     """
 

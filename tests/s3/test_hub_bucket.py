@@ -242,7 +242,7 @@ def test_server_down_then_back(own_seaweed: SeaweedServer, tmp_path: Path, s3_en
 
 def test_framed_ranges_across_slices_and_gets(seaweed: SeaweedServer, bucket: str,
                                               start_bucket_hub: Callable[..., Hub]) -> None:
-    """Ranges of a 9 MiB object (several slices, three GETs of the hub): each answer is the
+    """Ranges of a 9 MiB object (several slices, two GETs of the hub): each answer is the
     exact slice of the framed object, whether it starts and ends on a frame, a slice or a
     GET boundary or inside one; spoke-like 3.75 MiB ranges read it back whole."""
     data = random.Random(21).randbytes(9 * 1024 * 1024 + 1234)
