@@ -1,18 +1,21 @@
-"""How the C heap (glibc's malloc) treats the MiB-sized buffers of the data path.
+"""How the C heap (glibc's malloc) treats hubd's MiB-sized buffers.
 
-Both daemons allocate and free a buffer of about a MiB for every piece of an answer: hubd
-one per slice framed or member pack read, the spoke one per answer received and per FUSE
-reply. glibc's default lets its own heuristics choose: the first such buffer is its own
-``mmap``, and after it is freed the buffers come from the heap, whose free top is handed
-back to the kernel as soon as it exceeds 2 x the buffer. So the next buffer lands on pages
-the kernel must fault in and zero again: in a profile of the bucket hub, page clearing and
-faults were ~15 % of its CPU (``benchmarks/README.md``, "The C heap").
+hubd allocates and frees buffers of about a MiB for every piece of an answer: a slice read
+into its frames, a pack read whole, a bucket's GET body and its framing. glibc's default
+lets its own heuristics choose: the first such buffer is its own ``mmap``, and after it is
+freed the buffers come from the heap, whose free top is handed back to the kernel as soon
+as it exceeds twice the last big buffer. So the next buffer lands on pages the kernel must
+fault in and zero again: in a profile of the bucket hub, page clearing and faults were ~14 %
+of its CPU (``benchmarks/README.md``, "The C heap").
 
 ``keep_freed_buffers()`` fixes both thresholds at start, so freed buffers stay mapped and
 are reused warm: each arena keeps at most ``_TRIM_BYTES`` of free top (a few answers'
 worth), and only buffers above ``_MMAP_BYTES`` get their own mapping. An operator's own
-``MALLOC_*_`` environment settings win. ``release_free_memory()`` still hands everything
-free back after a big one-off (hubd's rescans).
+``MALLOC_*_`` settings and ``glibc.malloc`` tunables win. ``release_free_memory()`` still hands
+everything free back after a big one-off (a rescan).
+
+The spoke does not call it: the same thresholds changed nothing measurable there
+(``bench_cold_cpu.py``), and it would keep more memory on a training node.
 
 Both do nothing where the C library is not glibc.
 """
@@ -31,9 +34,10 @@ _M_MMAP_THRESHOLD = -3
 _MMAP_BYTES = 16 << 20
 # Free memory at an arena's top kept for reuse instead of handed back: a few answers.
 _TRIM_BYTES = 16 << 20
-# An operator who sets any of these has chosen; nothing is overridden then.
+# An operator who sets any of these, or a glibc.malloc tunable, has chosen: nothing is
+# overridden then.
 _ENV = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_",
-        "MALLOC_MMAP_MAX_", "GLIBC_TUNABLES")
+        "MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX")
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -51,7 +55,8 @@ _LIBC = _libc()
 def keep_freed_buffers() -> bool:
     """Fix malloc's trim and mmap thresholds (see the module docstring); call once, at
     start, before the data path allocates. Returns whether they were set."""
-    if _LIBC is None or any(name in os.environ for name in _ENV):
+    if _LIBC is None or any(name in os.environ for name in _ENV) \
+            or "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
         return False
     return bool(_LIBC.mallopt(_M_MMAP_THRESHOLD, _MMAP_BYTES)
                 and _LIBC.mallopt(_M_TRIM_THRESHOLD, _TRIM_BYTES))
