@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
                      metavar="N",
                      help=f"range and pack reads in flight, 1-4096; read buffers stay under "
                           f"N x {mib:g} MiB (a read holds one pack or one 1 MiB slice of a "
-                          f"blob at a time, whatever the range; from a bucket up to 8 MiB); "
+                          f"blob at a time, whatever the range; from a bucket up to 10 MiB); "
                           f"default: {DEFAULT_CONCURRENT_READS}")
     srv.add_argument("--read-wait", type=_timeout, default=DEFAULT_READ_WAIT_S,
                      metavar="SECONDS",
