@@ -48,6 +48,14 @@ class FramedRange:
     total: int
     partial: bool
 
+    def cut(self, framed: bytes, base: int) -> bytes | memoryview:
+        """The part of ``framed`` (framed bytes from offset ``base`` on) inside this range:
+        ``framed`` itself, or a view of it where the range starts or ends inside (not
+        copied again)."""
+        lo = max(self.start - base, 0)
+        hi = min(self.stop - base, len(framed))
+        return framed if (lo, hi) == (0, len(framed)) else memoryview(framed)[lo:hi]
+
 
 class FramedBlob:
     """An open file version and the framed range to answer (see the module docstring).
@@ -95,10 +103,7 @@ class FramedBlob:
         st = os.fstat(self._fd)
         if version_of(st) != self._version:  # the same fd: the same inode, so the same id
             raise StaleVersion(f"file {self._file_id:016x} changed while being read")
-        base = s * protocol.SLICE_BYTES
-        lo = max(self.range.start - base, 0)
-        hi = min(self.range.stop - base, len(framed))
-        return framed if (lo, hi) == (0, len(framed)) else memoryview(framed)[lo:hi]
+        return self.range.cut(framed, s * protocol.SLICE_BYTES)
 
 
 class PackPlans:

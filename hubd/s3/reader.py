@@ -141,10 +141,7 @@ class BucketBlob:
         s = self._first_slice + i
         frame = max(s * protocol.SLICE_DATA_BYTES, self._data_start) // protocol.FRAME_DATA_BYTES
         framed = protocol.encode_frames(data, self._file_id, self._version, frame)
-        base = frame * protocol.FRAME_BYTES
-        lo = max(self.range.start - base, 0)
-        hi = min(self.range.stop - base, len(framed))
-        return framed if (lo, hi) == (0, len(framed)) else memoryview(framed)[lo:hi]
+        return self.range.cut(framed, frame * protocol.FRAME_BYTES)
 
 
 class BucketReader:
