@@ -184,6 +184,12 @@ class HubClient:
         return self.origins.current()
 
     @property
+    def through_tier(self) -> bool:
+        """Whether data goes through a regional tier, whose cache shares answers among
+        spokes by URL (so a spoke asks for what others ask for: packs, not its own picks)."""
+        return self._tier is not None
+
+    @property
     def align_bytes(self) -> int:
         """The grid data ranges start and end on: a tier's cache slice (1 MiB of data), or
         one 4 KiB frame straight to the hub (a random read moves 4 KiB, not 1 MiB)."""

@@ -19,9 +19,11 @@ class FakeHub:
         packs: the member items of every pack asked for, in order.
         delay_s: how long each fetch takes (with an autojump clock, free).
         align_bytes: the grid ranges are asked on (one frame: no tier).
+        through_tier: whether it stands for a hub behind a regional tier.
     """
 
     align_bytes = protocol.FRAME_DATA_BYTES
+    through_tier = False
 
     def __init__(self, files: dict[tuple[int, int], bytes], delay_s: float = 0.0) -> None:
         self.files = files

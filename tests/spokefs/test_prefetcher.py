@@ -154,10 +154,57 @@ async def test_directory_fill_starts_at_the_first_miss(tmp_path):
         assert (len(hub.calls), len(hub.packs)) == (calls_before, packs_before)
         nursery.cancel_scope.cancel()
     packed = [key for pack in hub.packs for key in pack]
-    # each file once, all through their directory's pack, the first (demanded) one too:
-    # behind a regional cache a small file has one URL
+    # each file once, all with their directory's pack: the demanded one first in it (straight
+    # to the hub the miss asks for a pick of the pack's members, the missed file first)
     assert sorted(packed) == sorted({(fv.file_id, 1) for fv in listing})
+    assert hub.packs[0][0] == (listing[0].file_id, 1)
     assert hub.calls == []
+
+
+async def _demand_one(tmp_path, listing, files, target, *, tier=False, cached=()):
+    """Read ``target`` of directory 7 cold (``cached``: stored first); the packs asked for
+    and the seconds the read waited. The pack streams one file per 0.1 s."""
+    hub, _pf, reader, cache, source = setup(tmp_path, files, dirs={7: listing}, delay_s=0.05)
+    hub.through_tier = tier
+    hub.per_file_s = 0.1
+    async with trio.open_nursery() as nursery:
+        await nursery.start(source.run)
+        await nursery.start(cache.run)
+        for fv in cached:
+            cache.stage(fv.file_id, fv.version, [(0, files[(fv.file_id, 1)])])
+        s = reader.open(target, 7)
+        started = trio.current_time()
+        assert await reader.read(s, 0, target.size) == files[(target.file_id, 1)]
+        waited = trio.current_time() - started
+        nursery.cancel_scope.cancel()
+    return hub.packs, waited
+
+
+async def test_a_missed_file_comes_first_in_a_pick_of_its_pack(tmp_path):
+    files = {(100 + i, 1): os.urandom(20_000 + i) for i in range(40)}
+    listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in files.items()]
+    target = listing[30]  # 31st of its pack: at ~3.1 s in the pack's own order
+    packs, waited = await _demand_one(tmp_path, listing, files, target, cached=listing[:2])
+    assert waited < 0.5, waited  # a round trip and one file, not the 30 members before it
+    # one request: the missed file, then the members neither cached nor in flight, in order
+    assert packs == [[(target.file_id, 1)] + [(fv.file_id, 1) for fv in listing[2:]
+                                              if fv != target]]
+
+
+async def test_behind_a_tier_a_miss_asks_for_the_pack_itself(tmp_path):
+    files = {(100 + i, 1): os.urandom(20_000 + i) for i in range(40)}
+    listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in files.items()]
+    packs, waited = await _demand_one(tmp_path / "tier", listing, files, listing[30], tier=True)
+    assert packs == [[(fv.file_id, 1) for fv in listing]]  # one URL per file for the tier
+    assert waited > 3.0, waited
+
+
+async def test_a_pack_of_more_members_than_a_pick_names_is_asked_for_whole(tmp_path):
+    n = protocol.PICK_MAX_FILES + 1
+    files = {(100 + i, 1): os.urandom(5_000 + i) for i in range(n)}
+    listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in files.items()]
+    packs, _ = await _demand_one(tmp_path, listing, files, listing[-1])
+    assert packs == [[(fv.file_id, 1) for fv in listing]]
 
 
 async def test_a_waiting_reader_gets_its_file_before_its_pack_ends(tmp_path):
