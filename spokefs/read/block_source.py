@@ -295,7 +295,7 @@ class BlockSource:
         claimed). Straight to the hub, a pick of the free members with ``fv`` first: in the
         pack's own order ``fv`` comes after the members before it, and while fills keep the
         link full a pack streams at a share of the link's rate, so a reader waited ~3 round
-        trips at 60 ms (a median of 195 ms in a cold shuffled epoch) where ~1 will do. The
+        trips at 60 ms (a median of 176-184 ms in a cold shuffled epoch) where ~1 will do. The
         same bytes cross the link (members cached or in flight are not named, where the pack
         sends them again). Behind a tier, or when the free members are more than a pick
         names, the pack itself: one URL per small file for the tier's cache."""

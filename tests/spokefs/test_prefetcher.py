@@ -180,7 +180,7 @@ async def _demand_one(tmp_path, listing, files, target, *, tier=False, cached=()
     return hub.packs, waited
 
 
-async def test_a_missed_file_comes_first_in_a_pick_of_its_pack(tmp_path):
+async def test_a_missed_file_comes_first_in_a_pick_of_its_pack(tmp_path, autojump_clock):
     files = {(100 + i, 1): os.urandom(20_000 + i) for i in range(40)}
     listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in files.items()]
     target = listing[30]  # 31st of its pack: at ~3.1 s in the pack's own order
@@ -191,7 +191,7 @@ async def test_a_missed_file_comes_first_in_a_pick_of_its_pack(tmp_path):
                                               if fv != target]]
 
 
-async def test_behind_a_tier_a_miss_asks_for_the_pack_itself(tmp_path):
+async def test_behind_a_tier_a_miss_asks_for_the_pack_itself(tmp_path, autojump_clock):
     files = {(100 + i, 1): os.urandom(20_000 + i) for i in range(40)}
     listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in files.items()]
     packs, waited = await _demand_one(tmp_path / "tier", listing, files, listing[30], tier=True)
@@ -199,7 +199,8 @@ async def test_behind_a_tier_a_miss_asks_for_the_pack_itself(tmp_path):
     assert waited > 3.0, waited
 
 
-async def test_a_pack_of_more_members_than_a_pick_names_is_asked_for_whole(tmp_path):
+async def test_a_pack_of_more_members_than_a_pick_names_is_asked_for_whole(tmp_path,
+                                                                          autojump_clock):
     n = protocol.PICK_MAX_FILES + 1
     files = {(100 + i, 1): os.urandom(5_000 + i) for i in range(n)}
     listing = [FileVersion(fid, ver, len(d)) for (fid, ver), d in files.items()]
