@@ -297,14 +297,16 @@ class BlockSource:
         link full a pack streams at a share of the link's rate, so a reader waited ~3 round
         trips at 60 ms (a median of 176-184 ms in a cold shuffled epoch) where ~1 will do. The
         same bytes cross the link (members cached or in flight are not named, where the pack
-        sends them again). Behind a tier, or when the free members are more than a pick
-        names, the pack itself: one URL per small file for the tier's cache."""
+        sends them again). Behind a tier, or when the free members are more than one pick
+        holds (``protocol.plan_picks``), the pack itself: one URL per small file for the
+        tier's cache."""
         key = (fv.file_id, fv.version)
-        if self._hub.through_tier or key not in free or len(free) > protocol.PICK_MAX_FILES:
+        if self._hub.through_tier or key not in free:
             return plan
         members = sorted((m for m in plan.members if (m[0], m[1]) in free),
                          key=lambda m: (m[0], m[1]) != key)  # stable: fv first, then in order
-        return protocol.PackPlan(0, 0, tuple(members), protocol.pack_digest(members))
+        picks = protocol.plan_picks(members)
+        return picks[0] if len(picks) == 1 else plan
 
     async def _demand_pack_task(self, plan: protocol.PackPlan, fetched: protocol.PackPlan,
                                 free: dict[MemberKey, FileVersion],
