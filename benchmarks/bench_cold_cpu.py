@@ -20,7 +20,10 @@ process it samples: profile passes are for shares, plain passes for the figures.
 ``--perf DIR`` each pass runs ``perf record -g`` on the spoke's and hubd's threads, kernel
 included, to DIR/TAG.data (``perf report -i ... --sort pid,dso,sym``). Each pass also
 records the bytes the spoke handed to write calls per byte read (``wchar``): its cache's
-writes plus its FUSE replies, so ~2 means each byte was written once to each.
+writes plus its FUSE replies, so ~2 means each byte was written once to each; and, from
+``/proc/PID/task/*/stat``, the CPU of the spoke's event loop (its main thread) apart from the
+rest, and the minor page faults of all its threads, per GB (a fault is a fresh page, zeroed by
+the kernel: buffers handed back to the kernel and taken again).
 
 With ``--baseline-src DIR`` the same passes run with the spoke and hubd of another checkout
 (e.g. ``git worktree add /tmp/base REV``), interleaved, on the same data, the order of the two
@@ -265,6 +268,29 @@ def summarize(raw: Path, top: int = 20) -> dict[str, Any]:
 # -- passes -------------------------------------------------------------------------------
 
 
+def thread_stats(pid: int) -> dict[tuple[int, int], tuple[int, int]]:
+    """``(pid, tid) -> (CPU ticks, minor faults)`` of every thread of ``pid`` and of its
+    descendants (``/proc/PID/task/TID/stat``: utime + stime, minflt)."""
+    out = {}
+    for p in bl.tree_pids(pid):
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    f = Path(f"/proc/{p}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+                    out[(p, int(tid))] = (int(f[11]) + int(f[12]), int(f[7]))
+    return out
+
+
+def loop_and_faults(pid: int, before: dict[tuple[int, int], tuple[int, int]],
+                    after: dict[tuple[int, int], tuple[int, int]]) -> tuple[float, int]:
+    """CPU seconds of the spoke's event loop (its main thread: ``pid`` itself) and minor
+    faults of all its threads between two ``thread_stats``. A thread that ended between the
+    two is not counted."""
+    loop = after.get((pid, pid), (0, 0))[0] - before.get((pid, pid), (0, 0))[0]
+    faults = sum(v[1] - before.get(k, (0, 0))[1] for k, v in after.items())
+    return loop / bl.CLK_TCK, faults
+
+
 def spoke_wchar(pid: int) -> int:
     """Bytes the spoke and its workers have handed to write calls so far (``wchar`` in
     /proc/PID/io): its cache's writes and its FUSE replies."""
@@ -301,9 +327,11 @@ def one_pass(args: argparse.Namespace, hub: bl.Hub, root: Path, paths: list[Path
                                     args.perf / f"{tag}.data"))
             time.sleep(1.0)  # perf attaches
         meter = bl.CpuMeter({"spoke": m.pid, "hub": hub.proc.pid})
+        threads0 = thread_stats(m.pid)
         wrote0 = spoke_wchar(m.pid)
         nbytes = read_with(readers, rels)
         used = meter.stop()
+        loop_s, faults = loop_and_faults(m.pid, threads0, thread_stats(m.pid))
         wrote = spoke_wchar(m.pid) - wrote0
         for spy in spies:
             stop_profile(spy)
@@ -311,7 +339,9 @@ def one_pass(args: argparse.Namespace, hub: bl.Hub, root: Path, paths: list[Path
            "spoke_cpu_s_per_gb": used["cpu_s"]["spoke"] / (nbytes / GB),
            "hub_cpu_s_per_gb": used["cpu_s"]["hub"] / (nbytes / GB),
            "machine_busy_pct": used["machine_busy_pct"],
-           "spoke_written_per_byte": wrote / nbytes}
+           "spoke_written_per_byte": wrote / nbytes,
+           "spoke_loop_cpu_s_per_gb": loop_s / (nbytes / GB),
+           "spoke_faults_per_gb": faults / (nbytes / GB)}
     if args.profile is not None:
         out["profile"] = {side: summarize(args.profile / f"{tag}-{side}.txt")
                           for side in ("spoke", "worker", "hub")
@@ -372,12 +402,15 @@ def main() -> int:
                 got |= {"workload": workload, "system": label, "run": run}
                 record["passes"].append(got)
                 figs = figures.setdefault((workload, label), {
-                    k: bl.Figure() for k in ("spoke_cpu_s_per_gb", "hub_cpu_s_per_gb",
+                    k: bl.Figure() for k in ("spoke_cpu_s_per_gb", "spoke_loop_cpu_s_per_gb",
+                                             "spoke_faults_per_gb", "hub_cpu_s_per_gb",
                                              "gb_per_s", "spoke_written_per_byte")})
                 for k, fig in figs.items():
                     fig.add(got[k])
                 print(f"{tag}: {got['bytes'] / GB:.2f} GB in {got['wall_s']:.1f} s, spoke "
-                      f"{got['spoke_cpu_s_per_gb']:.2f} CPU-s/GB, hub "
+                      f"{got['spoke_cpu_s_per_gb']:.2f} CPU-s/GB (its event loop "
+                      f"{got['spoke_loop_cpu_s_per_gb']:.2f}; "
+                      f"{got['spoke_faults_per_gb'] / 1000:.0f}k page faults per GB), hub "
                       f"{got['hub_cpu_s_per_gb']:.2f}, spoke wrote "
                       f"{got['spoke_written_per_byte']:.2f} B per B read", flush=True)
                 if "profile" in got:
@@ -388,10 +421,13 @@ def main() -> int:
                         print(f"  {side}: most under them (by file):")
                         for fn, share in prof["inclusive_by_file"][:12]:
                             print(f"    {share:6.1%}  {fn}")
-    rows = [[w, s, f["spoke_cpu_s_per_gb"].text("{:.2f}"), f["hub_cpu_s_per_gb"].text("{:.2f}"),
+    rows = [[w, s, f["spoke_cpu_s_per_gb"].text("{:.2f}"),
+             f["spoke_loop_cpu_s_per_gb"].text("{:.2f}"),
+             f["spoke_faults_per_gb"].text("{:.0f}"), f["hub_cpu_s_per_gb"].text("{:.2f}"),
              f["gb_per_s"].text("{:.2f}"), f["spoke_written_per_byte"].text("{:.2f}")]
             for (w, s), f in figures.items() if s != "floors"]
-    print(bl.markdown_table(["workload", "system", "spoke CPU-s/GB", "hub CPU-s/GB", "GB/s",
+    print(bl.markdown_table(["workload", "system", "spoke CPU-s/GB", "its event loop",
+                             "spoke page faults per GB", "hub CPU-s/GB", "GB/s",
                              "spoke wrote per byte read"],
                             rows))
     rows = [[w, f["read_cpu_s_per_gb"].text("{:.2f}"), f["send_cpu_s_per_gb"].text("{:.2f}")]
