@@ -202,7 +202,7 @@ class HubClient:
         for i, buf in enumerate(self._spare_buffers):
             if size <= len(buf) <= 2 * size:
                 return self._spare_buffers.pop(i)
-        return bytearray(size)
+        return protocol.receive_buffer(size)
 
     def _received(self, nbytes: int, origin: str = "hub") -> None:
         self._landed(nbytes)
@@ -387,7 +387,7 @@ class HubClient:
                 # received in place into one buffer, the members handed over as views of it
                 # (a copy, or three, per member was a tenth of a cold small file's CPU)
                 size = cap if resp.length is None or resp.length > cap else resp.length
-                view = memoryview(bytearray(size))
+                view = memoryview(protocol.receive_buffer(size))
                 with _refusing_too_long():
                     await resp.read_into(view, landed)
             try:

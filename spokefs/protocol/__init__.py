@@ -39,6 +39,7 @@ from spokefs.protocol.frames import (
     framed_size,
     pread_all,
     read_frames,
+    receive_buffer,
     split_frames,
     unframe,
 )
@@ -172,6 +173,7 @@ __all__ = [
     "plan_picks",
     "pread_all",
     "read_frames",
+    "receive_buffer",
     "split_frames",
     "unframe",
     "validate_name",

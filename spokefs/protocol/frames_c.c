@@ -15,6 +15,9 @@
  *       ``size`` bytes of the file at ``offset`` read (preadv) straight into their frames:
  *       one copy, no bytes object of the data. None: the file ended first. OSError.
  *   xxh3_unit() -> "avx2" | "baseline": the vector unit the hashes run on.
+ *   receive_buffer(size) -> a bytearray of ``size`` bytes, not zeroed: an answer is
+ *       received into it and only the bytes received are read (bytearray(size) writes
+ *       every byte first, and faults in every page while the kernel zeroes it too).
  *
  * The hashes are xxHash's XXH3_64bits_withSeed (what python-xxhash's xxh3_64 computes), from
  * Debian's libxxhash-dev as a header only, on the widest vector unit the CPU has
@@ -253,7 +256,21 @@ static PyObject *xxh3_unit(PyObject *self, PyObject *unused)
     return PyUnicode_FromString(sf_xxh3_unit());
 }
 
+static PyObject *receive_buffer(PyObject *self, PyObject *args)
+{
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "n", &size))
+        return NULL;
+    if (size < 0) {
+        PyErr_SetString(PyExc_ValueError, "a buffer of negative size");
+        return NULL;
+    }
+    return PyByteArray_FromStringAndSize(NULL, size);
+}
+
 static PyMethodDef methods[] = {
+    {"receive_buffer", receive_buffer, METH_VARARGS,
+     "receive_buffer(size) -> a bytearray of size bytes, not zeroed"},
     {"xxh3_unit", xxh3_unit, METH_NOARGS,
      "xxh3_unit() -> \"avx2\" or \"baseline\": the vector unit the hashes run on"},
     {"unframe", unframe, METH_VARARGS,

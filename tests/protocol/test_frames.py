@@ -166,3 +166,17 @@ def test_a_failed_read_is_an_os_error(way, tmp_path) -> None:
             frames.read_frames(fd, 0, 4096, 1, 1, 0)
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("size", [0, 1, 4096, (3 << 20) + 7])
+def test_a_receive_buffer_has_the_size_asked_and_takes_bytes(size, way) -> None:
+    buf = frames.receive_buffer(size)
+    assert isinstance(buf, bytearray) and len(buf) == size
+    view = memoryview(buf)
+    view[:] = b"\x5a" * size
+    assert bytes(buf) == b"\x5a" * size
+
+
+def test_a_receive_buffer_of_negative_size_is_refused() -> None:
+    with pytest.raises(ValueError):
+        frames.frames_c.receive_buffer(-1)
