@@ -22,8 +22,8 @@ included, to DIR/TAG.data (``perf report -i ... --sort pid,dso,sym``). Each pass
 records the bytes the spoke handed to write calls per byte read (``wchar``): its cache's
 writes plus its FUSE replies, so ~2 means each byte was written once to each; and, from
 ``/proc/PID/task/*/stat``, the CPU of the spoke's event loop (its main thread) apart from the
-rest, and the minor page faults of all its threads, per GB (a fault is a fresh page, zeroed by
-the kernel: buffers handed back to the kernel and taken again).
+rest, and the minor page faults of all its threads, per GB (a fault is a fresh page the
+kernel zeroed: a heap growing, or buffers handed back to the kernel and taken again).
 
 With ``--baseline-src DIR`` the same passes run with the spoke and hubd of another checkout
 (e.g. ``git worktree add /tmp/base REV``), interleaved, on the same data, the order of the two

@@ -87,8 +87,9 @@ def unframe(framed: bytes | bytearray | memoryview, file_id: int, version: int,
 def receive_buffer(size: int) -> bytearray:
     """A buffer of ``size`` bytes for an answer to be received into, not zeroed where the C
     part is built: only the bytes received are ever read, and ``bytearray(size)`` writes
-    every byte first (on pages the kernel has just zeroed: a pack's 3.75 MiB cost
-    ~0.2 CPU-s per cold GB of small files in faults and zeroing)."""
+    every byte first, a pack's 3.75 MiB at a time (with this the event loop spent 0.3-0.6
+    CPU-s less per cold GB of small files in three of four sets of runs, the same in the
+    fourth: benchmarks/README.md, "At 28a13d2")."""
     return frames_c.receive_buffer(size) if NATIVE else bytearray(size)
 
 
