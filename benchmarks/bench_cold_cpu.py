@@ -21,7 +21,7 @@ process it samples: profile passes are for shares, plain passes for the figures.
 included, to DIR/TAG.data (``perf report -i ... --sort pid,dso,sym``). Each pass also
 records the bytes the spoke handed to write calls per byte read (``wchar``): its cache's
 writes plus its FUSE replies, so ~2 means each byte was written once to each; and, from
-``/proc/PID/task/*/stat``, the CPU of the spoke's event loop (its main thread) apart from the
+``/proc/PID/stat``, the CPU of the spoke's event loop (its main thread) apart from the
 rest, and the minor page faults of all its threads, per GB (a fault is a fresh page the
 kernel zeroed: a heap growing, or buffers handed back to the kernel and taken again).
 
@@ -268,29 +268,6 @@ def summarize(raw: Path, top: int = 20) -> dict[str, Any]:
 # -- passes -------------------------------------------------------------------------------
 
 
-def thread_stats(pid: int) -> dict[tuple[int, int], tuple[int, int]]:
-    """``(pid, tid) -> (CPU ticks, minor faults)`` of every thread of ``pid`` and of its
-    descendants (``/proc/PID/task/TID/stat``: utime + stime, minflt)."""
-    out = {}
-    for p in bl.tree_pids(pid):
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{p}/task"):
-                with contextlib.suppress(OSError, ValueError, IndexError):
-                    f = Path(f"/proc/{p}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-                    out[(p, int(tid))] = (int(f[11]) + int(f[12]), int(f[7]))
-    return out
-
-
-def loop_and_faults(pid: int, before: dict[tuple[int, int], tuple[int, int]],
-                    after: dict[tuple[int, int], tuple[int, int]]) -> tuple[float, int]:
-    """CPU seconds of the spoke's event loop (its main thread: ``pid`` itself) and minor
-    faults of all its threads between two ``thread_stats``. A thread that ended between the
-    two is not counted."""
-    loop = after.get((pid, pid), (0, 0))[0] - before.get((pid, pid), (0, 0))[0]
-    faults = sum(v[1] - before.get(k, (0, 0))[1] for k, v in after.items())
-    return loop / bl.CLK_TCK, faults
-
-
 def spoke_wchar(pid: int) -> int:
     """Bytes the spoke and its workers have handed to write calls so far (``wchar`` in
     /proc/PID/io): its cache's writes and its FUSE replies."""
@@ -327,11 +304,14 @@ def one_pass(args: argparse.Namespace, hub: bl.Hub, root: Path, paths: list[Path
                                     args.perf / f"{tag}.data"))
             time.sleep(1.0)  # perf attaches
         meter = bl.CpuMeter({"spoke": m.pid, "hub": hub.proc.pid})
-        threads0 = thread_stats(m.pid)
+        loop0 = bl.proc_cpu_ticks(m.pid, m.pid)  # the event loop: the spoke's main thread
+        faults0 = bl.tree_minor_faults(bl.tree_pids(m.pid))
         wrote0 = spoke_wchar(m.pid)
         nbytes = read_with(readers, rels)
         used = meter.stop()
-        loop_s, faults = loop_and_faults(m.pid, threads0, thread_stats(m.pid))
+        loop_s = (bl.proc_cpu_ticks(m.pid, m.pid) - loop0) / bl.CLK_TCK
+        faults = sum(n - faults0.get(p, 0)
+                     for p, n in bl.tree_minor_faults(bl.tree_pids(m.pid)).items())
         wrote = spoke_wchar(m.pid) - wrote0
         for spy in spies:
             stop_profile(spy)

@@ -57,6 +57,7 @@ from .meters import (
     summed_over_labels,
     top_processes,
     tree_cpu_ticks,
+    tree_minor_faults,
     tree_pids,
     wait_workers,
 )
@@ -112,6 +113,6 @@ __all__ = [
     "machine_ticks", "markdown_table", "native_mount", "open_link", "print_goals",
     "proc_cpu_ticks", "rclone_mount", "rclone_serve", "reads_settled", "run_hub", "run_info",
     "save_record", "scrape", "scrape_counted", "spoke_mount", "summed_over_labels",
-    "top_processes", "tree_cpu_ticks",
+    "top_processes", "tree_cpu_ticks", "tree_minor_faults",
     "tree_pids", "unmount", "wait_mounted", "wait_port", "wait_workers", "warm_spoke", "which",
 ]

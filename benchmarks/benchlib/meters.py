@@ -18,15 +18,28 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 WORKERS_WAIT_S = 60.0
 
 
-def proc_cpu_ticks(pid: int, tid: int | None = None) -> int:
-    """utime + stime of pid (all its threads), or of its thread ``tid`` alone, in clock
-    ticks; 0 if it is gone."""
+def _stat_fields(pid: int, tid: int | None, *at: int) -> list[int]:
+    """Fields ``at`` (counted after the command's closing parenthesis) of pid's
+    ``/proc/PID/stat`` (all its threads, exited ones included), or of its thread ``tid``
+    alone; zeros if it is gone."""
     stat = Path(f"/proc/{pid}/stat") if tid is None else Path(f"/proc/{pid}/task/{tid}/stat")
     try:
         fields = stat.read_text().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
+        return [int(fields[i]) for i in at]
     except (OSError, IndexError, ValueError):
-        return 0
+        return [0] * len(at)
+
+
+def proc_cpu_ticks(pid: int, tid: int | None = None) -> int:
+    """utime + stime of pid (all its threads), or of its thread ``tid`` alone, in clock
+    ticks; 0 if it is gone."""
+    return sum(_stat_fields(pid, tid, 11, 12))
+
+
+def tree_minor_faults(pids: list[int]) -> dict[int, int]:
+    """pid -> minor page faults of all its threads so far (``minflt``: fresh pages the
+    kernel zeroed), for each of pids (0 for one that is gone)."""
+    return {p: _stat_fields(p, None, 7)[0] for p in pids}
 
 
 def tree_pids(pid: int) -> list[int]:
